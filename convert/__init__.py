@@ -1,0 +1,1 @@
+"""Convert stage: TorchScript -> pnnx -> ncnn param/bin, gated and patched declaratively."""

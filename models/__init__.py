@@ -1,0 +1,1 @@
+"""Per-model folders: reference, presets, checkpoint loader, export split and runtime pipeline."""

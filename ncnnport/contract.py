@@ -1,0 +1,209 @@
+"""The module contract: the one record every stage reads.
+
+A per-model exporter (``ncnnport.models.<model>.exporter``) returns a list of :class:`ModuleSpec`.
+``export`` traces each spec's wrapper and writes its TorchScript file and a JSON copy of the spec;
+``convert`` derives the pnnx ``inputshape``/``inputshape2`` from the two sizes of every dynamic
+axis and applies the spec's param patches; ``parity`` runs the wrapper in torch and the converted
+graph in ncnn on the same inputs and judges them with the spec's tolerances; ``reports`` turns
+those numbers into summary.json and Markdown. Generic stages never branch on the model name: all
+they know about a model is in these records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+Dim = int | str  # a fixed size, or the name of a dynamic axis
+
+SUPPORTED_DTYPES = ("float32", "int32")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: its name, symbolic shape and dtype.
+
+    Shapes always carry the leading batch axis of 1 (pnnx treats dim 0 as the batch: a 2-D
+    ``[N, D]`` input silently loses N). Names of dynamic axes refer to ``ModuleSpec.axes``.
+    """
+
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} not in {SUPPORTED_DTYPES}")
+        if not self.shape or self.shape[0] != 1:
+            raise ValueError(
+                f"tensor {self.name!r}: shape {self.shape} must start with a batch axis of 1 "
+                "(pnnx treats dim 0 as batch)")
+
+    def concrete(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """Shape with every named axis replaced by its size in ``sizes``."""
+        out = []
+        for d in self.shape:
+            if isinstance(d, str):
+                if d not in sizes:
+                    raise KeyError(f"tensor {self.name!r}: no size given for axis {d!r}")
+                out.append(int(sizes[d]))
+            else:
+                out.append(int(d))
+        return tuple(out)
+
+    def axis_names(self) -> list[str]:
+        return [d for d in self.shape if isinstance(d, str)]
+
+
+@dataclass(frozen=True)
+class ParamPatch:
+    """A declarative edit of converted ncnn param lines.
+
+    Every line whose layer type equals ``layer_type`` and whose params match all ``where`` regexes
+    (full match on the value of ``key=value``) gets the params in ``set`` written. A patch that
+    matches fewer than ``min_matches`` lines is an error: a silent no-op patch is how a baked
+    sequence length ships.
+    """
+
+    layer_type: str
+    where: Mapping[str, str]
+    set: Mapping[str, str]
+    min_matches: int = 1
+    why: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layer_type": self.layer_type, "where": dict(self.where), "set": dict(self.set),
+                "min_matches": self.min_matches, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Gate for one module output: cosine floor and max_abs relative to max |reference|."""
+
+    min_cosine: float = 0.999999
+    max_abs_rel: float = 1e-4
+    max_abs_floor: float = 1e-6  # absolute slack for near-zero references
+
+    def max_abs_allowed(self, ref_absmax: float) -> float:
+        return max(self.max_abs_rel * ref_absmax, self.max_abs_floor)
+
+    def to_json(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+InputMaker = Callable[[Mapping[str, int], np.random.Generator], Sequence[np.ndarray]]
+
+
+@dataclass
+class ModuleSpec:
+    """One exported graph: what to trace, at which sizes, and how to judge it.
+
+    ``build`` returns the traceable wrapper (an ``nn.Module`` over the real model's weights) in
+    eval mode. ``axes`` gives, per dynamic axis, the trace size and a second size (pnnx's
+    ``inputshape`` and ``inputshape2``); the two must differ. ``parity_sizes`` lists further
+    size assignments for local parity (the two trace sizes are always included). ``make_inputs``
+    builds valid example inputs at given sizes (e.g. a causal mask, not random noise, where the
+    graph expects one). ``tolerances`` maps output name (or ``"*"``) to its gate.
+    """
+
+    name: str
+    build: Callable[[], Any]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    axes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    make_inputs: InputMaker | None = None
+    parity_sizes: list[dict[str, int]] = field(default_factory=list)
+    patches: list[ParamPatch] = field(default_factory=list)
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9_]+", self.name):
+            raise ValueError(f"module name {self.name!r}: use lowercase letters, digits, '_'")
+        used = {a for t in self.inputs for a in t.axis_names()}
+        missing = used - set(self.axes)
+        if missing:
+            raise ValueError(f"module {self.name}: axes {sorted(missing)} have no trace sizes")
+        for axis, (a, b) in self.axes.items():
+            if a == b:
+                raise ValueError(
+                    f"module {self.name}: axis {axis!r} needs two different sizes, got {a} twice "
+                    "(with one size pnnx bakes the length and the graph is silently wrong elsewhere)")
+        names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"module {self.name}: duplicate tensor names {names}")
+
+    # --- sizes -------------------------------------------------------------------------------
+    def trace_sizes(self, which: int = 0) -> dict[str, int]:
+        return {axis: sizes[which] for axis, sizes in self.axes.items()}
+
+    def all_parity_sizes(self) -> list[dict[str, int]]:
+        cases = [self.trace_sizes(0)]
+        if self.axes:
+            cases.append(self.trace_sizes(1))
+        for extra in self.parity_sizes:
+            full = {**self.trace_sizes(0), **extra}
+            if full not in cases:
+                cases.append(full)
+        return cases
+
+    def example_inputs(self, sizes: Mapping[str, int], seed: int = 0) -> list[np.ndarray]:
+        """Inputs at ``sizes``: from ``make_inputs`` when given, else seeded normal noise."""
+        rng = np.random.default_rng(seed)
+        if self.make_inputs is not None:
+            arrays = [np.ascontiguousarray(a) for a in self.make_inputs(sizes, rng)]
+        else:
+            arrays = []
+            for t in self.inputs:
+                shape = t.concrete(sizes)
+                if t.dtype == "int32":
+                    arrays.append(rng.integers(0, 16, size=shape).astype(np.int32))
+                else:
+                    arrays.append(rng.standard_normal(shape).astype(np.float32))
+        self.check_inputs(arrays, sizes)
+        return arrays
+
+    def check_inputs(self, arrays: Sequence[np.ndarray], sizes: Mapping[str, int] | None = None) -> None:
+        """Validate count, rank, dtype and (given sizes) exact shape: ncnn would not complain."""
+        if len(arrays) != len(self.inputs):
+            raise ValueError(f"module {self.name}: expected {len(self.inputs)} inputs, got {len(arrays)}")
+        for t, a in zip(self.inputs, arrays):
+            if a.ndim != len(t.shape):
+                raise ValueError(f"module {self.name}, input {t.name}: rank {a.ndim}, spec {t.shape}")
+            if str(a.dtype) != t.dtype:
+                raise ValueError(f"module {self.name}, input {t.name}: dtype {a.dtype}, spec {t.dtype}")
+            for d, n in zip(t.shape, a.shape):
+                if isinstance(d, int) and d != n:
+                    raise ValueError(f"module {self.name}, input {t.name}: shape {a.shape}, spec {t.shape}")
+            if sizes is not None and tuple(a.shape) != t.concrete(sizes):
+                raise ValueError(
+                    f"module {self.name}, input {t.name}: shape {a.shape}, expected {t.concrete(sizes)}")
+
+    def tolerance_for(self, output: str, default: Tolerance) -> Tolerance:
+        return self.tolerances.get(output, self.tolerances.get("*", default))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON record written beside the TorchScript file (everything but the callables)."""
+        return {
+            "name": self.name,
+            "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in self.inputs],
+            "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in self.outputs],
+            "axes": {k: list(v) for k, v in self.axes.items()},
+            "parity_sizes": self.all_parity_sizes(),
+            "patches": [p.to_json() for p in self.patches],
+            "tolerances": {k: v.to_json() for k, v in self.tolerances.items()},
+            "notes": self.notes,
+        }
+
+
+def tensor_specs_from_json(items: Sequence[Mapping[str, Any]]) -> list[TensorSpec]:
+    return [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in items]
+
+
+def patches_from_json(items: Sequence[Mapping[str, Any]]) -> list[ParamPatch]:
+    return [ParamPatch(i["layer_type"], i["where"], i["set"], i.get("min_matches", 1), i.get("why", ""))
+            for i in items]

@@ -1,0 +1,107 @@
+"""Model registry: each model folder registers one :class:`ModelPort` under its CLI name.
+
+Generic stages (export, convert, parity, reports) look models up here and talk to them only
+through these hooks, so adding a model never edits a generic stage.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ncnnport.contract import ModuleSpec, Tolerance
+
+# CLI name -> module path of the model folder; imported lazily (torch/transformers are heavy).
+KNOWN_MODELS: dict[str, str] = {
+    "qwen3-asr": "ncnnport.models.qwen3_asr.port",
+    "youtu-vl": "ncnnport.models.youtu_vl.port",
+    "seedvr2": "ncnnport.models.seedvr2.port",
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to export: the torch reference plus everything the runtime needs.
+
+    ``source`` is ``preset:<name>`` or the checkpoint folder; ``config`` is a JSON-able dict that
+    identifies the architecture (hashed into the manifest); ``assets`` are files the runtime
+    needs beside the graphs (tokenizer, processor config), copied into the package by export.
+    """
+
+    name: str
+    preset: str
+    ckpt: Path | None
+    config: dict[str, Any]
+    reference: Any
+    assets: dict[str, Path] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class E2EContext:
+    """What the generic parity stage hands a model's end-to-end check."""
+
+    loaded: LoadedModel
+    ncnn_modules: Mapping[str, Any]   # name -> NcnnModule (ModuleRunner)
+    torch_modules: Mapping[str, Any]  # name -> TorchModule over the same wrappers
+    package_dir: Path
+    user_inputs: Sequence[Path] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ModelPort(ABC):
+    """Hooks a model folder implements. Each returns data; stages write files and run tools."""
+
+    name: str = ""
+    presets: tuple[str, ...] = ("tiny",)
+    default_tolerance: Tolerance = Tolerance()
+
+    @abstractmethod
+    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
+        """Build the torch reference from a preset (seeded) or a local HF-format checkpoint."""
+
+    @abstractmethod
+    def module_specs(self, loaded: LoadedModel) -> list[ModuleSpec]:
+        """The split: one spec per exported graph."""
+
+    @abstractmethod
+    def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
+        """Propagated parity records (schema of summary.json's ``e2e`` entries)."""
+
+    def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
+        """The ``run`` verb; models without a CLI runtime say so."""
+        raise NotImplementedError(f"model {self.name} has no run command")
+
+    def add_run_arguments(self, parser: Any) -> None:
+        """Model-specific options of the ``run`` verb."""
+
+
+def model_names() -> list[str]:
+    return list(KNOWN_MODELS)
+
+
+def available_models() -> list[str]:
+    """Registered models whose folder exists in this installation."""
+    out = []
+    for name, mod in KNOWN_MODELS.items():
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name and mod.startswith(exc.name):
+                continue
+            raise
+        out.append(name)
+    return out
+
+
+def get_port(name: str) -> ModelPort:
+    if name not in KNOWN_MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
+    module = importlib.import_module(KNOWN_MODELS[name])
+    port = getattr(module, "PORT", None)
+    if not isinstance(port, ModelPort):
+        raise TypeError(f"{KNOWN_MODELS[name]} must define PORT = <ModelPort instance>")
+    return port

@@ -1,0 +1,144 @@
+"""One runner interface for a converted graph in ncnn and its wrapper in torch.
+
+Both take and return lists of numpy arrays in the order of the module spec, with shapes
+validated against it, so pipelines, parity and benchmarks run unchanged on either backend
+(comparing the two separates export bugs from conversion bugs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ncnnport.contract import TensorSpec, tensor_specs_from_json
+from ncnnport.convert.param_file import read_param
+from ncnnport.runtime.mats import from_mat, to_mat
+from ncnnport.runtime.options import FP32, RuntimeOptions
+
+
+class ModuleRunner(Protocol):
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+
+class NcnnError(RuntimeError):
+    """An ncnn call failed; the message names the module, blob and file."""
+
+
+def infer_sizes(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], *, module: str) -> dict[str, int]:
+    """Sizes of named axes read off the inputs; the same axis must agree everywhere."""
+    sizes: dict[str, int] = {}
+    for t, a in zip(specs, arrays):
+        if a.ndim != len(t.shape):
+            raise ValueError(f"module {module}, input {t.name}: got rank {a.ndim} shape {a.shape}, "
+                             f"spec {t.shape}")
+        if str(a.dtype) != t.dtype:
+            raise TypeError(f"module {module}, input {t.name}: got dtype {a.dtype}, spec {t.dtype}")
+        for d, n in zip(t.shape, a.shape):
+            if isinstance(d, str):
+                if sizes.setdefault(d, n) != n:
+                    raise ValueError(f"module {module}, input {t.name}: axis {d!r} is {n} here but "
+                                     f"{sizes[d]} in an earlier input")
+            elif d != n:
+                raise ValueError(f"module {module}, input {t.name}: got shape {a.shape}, spec {t.shape}")
+    return sizes
+
+
+def check_output(t: TensorSpec, arr: np.ndarray, sizes: Mapping[str, int], *, module: str) -> np.ndarray:
+    """Fit ``arr`` to the spec's shape (unit axes only) or fail naming the blob."""
+    want = [sizes.get(d) if isinstance(d, str) else d for d in t.shape]
+    if None not in want and int(np.prod(want)) == arr.size:
+        if tuple(arr.shape) != tuple(want):
+            squeezed = [n for n in arr.shape if n != 1]
+            if squeezed != [n for n in want if n != 1]:
+                raise ValueError(f"module {module}, output {t.name}: shape {arr.shape}, expected {tuple(want)}")
+            arr = arr.reshape(want)
+        return arr
+    if arr.ndim != len(t.shape):
+        raise ValueError(f"module {module}, output {t.name}: rank {arr.ndim} ({arr.shape}), spec {t.shape}")
+    for d, n in zip(want, arr.shape):
+        if d is not None and d != n:
+            raise ValueError(f"module {module}, output {t.name}: shape {arr.shape}, spec {t.shape} "
+                             f"with sizes {dict(sizes)}")
+    return arr
+
+
+class NcnnModule:
+    """A converted graph with its own ``ncnn.Net`` and options; one extractor per call."""
+
+    def __init__(self, param: Path, weights: Path, spec: Mapping[str, Any],
+                 options: RuntimeOptions = FP32) -> None:
+        import ncnn
+
+        self.name = spec["name"]
+        self.inputs = tensor_specs_from_json(spec["inputs"])
+        self.outputs = tensor_specs_from_json(spec["outputs"])
+        self.options = options
+        self.param, self.weights = Path(param), Path(weights)
+        for path in (self.param, self.weights):
+            if not path.is_file():
+                raise FileNotFoundError(f"module {self.name}: missing {path}")
+        parsed = read_param(self.param)  # raises on a truncated or foreign file
+        blobs = parsed.blob_names()
+        for t in self.inputs:
+            if t.name not in blobs:
+                raise NcnnError(f"module {self.name}: input blob {t.name!r} not in {self.param}")
+        for t in self.outputs:
+            if t.name not in blobs:
+                raise NcnnError(f"module {self.name}: output blob {t.name!r} not in {self.param}")
+        self.net = ncnn.Net()
+        options.apply(self.net.opt)
+        if options.use_vulkan:
+            self.net.set_vulkan_device(0)
+        if self.net.load_param(str(self.param)) != 0:
+            raise NcnnError(f"module {self.name}: ncnn could not load param {self.param}")
+        if self.net.load_model(str(self.weights)) != 0:
+            raise NcnnError(f"module {self.name}: ncnn could not load weights {self.weights}")
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        sizes = infer_sizes(self.inputs, arrays, module=self.name)
+        ex = self.net.create_extractor()
+        alive = []  # ncnn.Mat borrows these buffers: keep them referenced until extraction ends
+        for t, a in zip(self.inputs, arrays):
+            mat, buf = to_mat(a, what=f"module {self.name}, input {t.name}")
+            alive.append((mat, buf))
+            if ex.input(t.name, mat) != 0:
+                raise NcnnError(f"module {self.name}: input blob {t.name!r} rejected")
+        outs = []
+        for t in self.outputs:
+            rc, mat = ex.extract(t.name)
+            if rc != 0:
+                raise NcnnError(f"module {self.name}: extract({t.name!r}) returned {rc} at sizes {sizes}")
+            arr = from_mat(mat, len(t.shape), what=f"module {self.name}, output {t.name}")
+            outs.append(check_output(t, arr, sizes, module=self.name))
+        del alive
+        return outs
+
+
+class TorchModule:
+    """The eager export wrapper behind the same interface (float32 on the CPU)."""
+
+    def __init__(self, module: Any, spec: Mapping[str, Any]) -> None:
+        self.name = spec["name"]
+        self.inputs = tensor_specs_from_json(spec["inputs"])
+        self.outputs = tensor_specs_from_json(spec["outputs"])
+        self.module = module
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        sizes = infer_sizes(self.inputs, arrays, module=self.name)
+        with torch.inference_mode():
+            tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+            result = self.module(*tensors)
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        if len(result) != len(self.outputs):
+            raise ValueError(f"module {self.name}: wrapper returned {len(result)} outputs, spec has {len(self.outputs)}")
+        return [check_output(t, r.detach().float().numpy().copy(), sizes, module=self.name)
+                for t, r in zip(self.outputs, result)]
