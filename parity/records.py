@@ -1,0 +1,62 @@
+"""Builders for the records summary.json holds, shared by every model's e2e check.
+
+A model's ``e2e_parity`` hook compares its pipeline stage by stage and returns these dicts;
+the report stage only aggregates them. Keeping the builders here keeps the schema in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ncnnport.contract import Tolerance
+from ncnnport.parity.metrics import compare, judge
+from ncnnport.runtime.sampling import top2_margin
+
+
+def stage_record(fixture: str, stage: str, reference: np.ndarray, candidate: np.ndarray,
+                 tol: Tolerance, **extra: Any) -> dict[str, Any]:
+    """One propagated tensor comparison (e.g. log-mel, encoder output, last logits)."""
+    stats = compare(reference, candidate, what=f"{fixture}/{stage}")
+    passed, reason = judge(stats, tol)
+    rec: dict[str, Any] = {"fixture": fixture, "stage": stage, "kind": "tensor", **stats.to_json(),
+                           "tolerance": tol.to_json(), "passed": passed, "reason": reason}
+    rec.update(extra)
+    return rec
+
+
+def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int],
+                 reference_logits: Sequence[np.ndarray] | None = None, *,
+                 stage: str = "tokens", min_tokens: int = 1, **extra: Any) -> dict[str, Any]:
+    """Greedy token sequences compared position by position.
+
+    ``reference_logits[i]`` are the reference's logits at generated step i; at the first
+    mismatch their top-2 margin says whether it was a near-tie. Passing requires identical
+    sequences of at least ``min_tokens`` tokens.
+    """
+    ref = [int(t) for t in reference]
+    cand = [int(t) for t in candidate]
+    n = min(len(ref), len(cand))
+    first = next((i for i in range(n) if ref[i] != cand[i]), None)
+    if first is None and len(ref) != len(cand):
+        first = n
+    matched = n if first is None else first
+    margin = None
+    if first is not None and reference_logits is not None and first < len(reference_logits):
+        margin = top2_margin(reference_logits[first])
+    passed = first is None and len(ref) >= min_tokens
+    reason = ""
+    if first is not None:
+        reason = f"first mismatch at step {first}"
+        if margin is not None:
+            reason += f" (reference top-2 margin {margin:.4g})"
+    elif len(ref) < min_tokens:
+        reason = f"only {len(ref)} tokens compared, gate needs {min_tokens}"
+    rec: dict[str, Any] = {"fixture": fixture, "stage": stage, "kind": "tokens",
+                           "tokens_compared": len(ref), "tokens_matched": matched,
+                           "first_mismatch": first, "margin_at_mismatch": margin,
+                           "reference_tokens": ref, "candidate_tokens": cand,
+                           "passed": passed, "reason": reason}
+    rec.update(extra)
+    return rec
