@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ncnnport.contract import ModuleSpec, Tolerance
+from ncnnport.contract import ModuleSpec
 
 # CLI name -> module path of the model folder; imported lazily (torch/transformers are heavy).
 KNOWN_MODELS: dict[str, str] = {
@@ -48,8 +48,9 @@ class E2EContext:
     ncnn_modules: Mapping[str, Any]   # name -> NcnnModule (ModuleRunner)
     torch_modules: Mapping[str, Any]  # name -> TorchModule over the same wrappers
     package_dir: Path
+    policy: Any = None                # ncnnport.parity.policy.Policy
     user_inputs: Sequence[Path] = ()
-    options: Mapping[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
 
 
 class ModelPort(ABC):
@@ -57,7 +58,11 @@ class ModelPort(ABC):
 
     name: str = ""
     presets: tuple[str, ...] = ("tiny",)
-    default_tolerance: Tolerance = Tolerance()
+
+    @property
+    def policy_path(self) -> Path:
+        """The model's tolerance policy file (``policy.json`` in its folder)."""
+        return Path(importlib.import_module(type(self).__module__).__file__).with_name("policy.json")
 
     @abstractmethod
     def load(self, preset: str, ckpt: Path | None) -> LoadedModel:

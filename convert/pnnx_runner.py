@@ -1,0 +1,114 @@
+"""Run pnnx on one exported module and turn its output into a checked ncnn graph.
+
+The command line is built from the spec alone: ``inputshape`` from the first size of every
+dynamic axis, ``inputshape2`` from the second, ``fp16=0`` unless a precision mode asks for fp16
+weights. pnnx exits 0 on graphs ncnn cannot load, so its output is always parsed and gated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ncnnport.contract import patches_from_json, tensor_specs_from_json
+from ncnnport.convert.param_file import ParamError, check_loadable, read_param
+from ncnnport.convert.patches import apply_patches
+
+PNNX_DTYPES = {"float32": "f32", "int32": "i32"}
+
+
+class ConvertError(RuntimeError):
+    pass
+
+
+def pnnx_executable() -> str:
+    import pnnx
+    return str(pnnx.EXEC_PATH)
+
+
+def shape_arg(spec: Mapping[str, Any], sizes: Mapping[str, int]) -> str:
+    parts = []
+    for t in tensor_specs_from_json(spec["inputs"]):
+        dims = ",".join(str(d) for d in t.concrete(sizes))
+        parts.append(f"[{dims}]{PNNX_DTYPES[t.dtype]}")
+    return ",".join(parts)
+
+
+def pnnx_args(spec: Mapping[str, Any], *, fp16_weights: bool = False) -> list[str]:
+    """pnnx arguments (without the executable and .pt path), derived from the spec only."""
+    axes = {k: tuple(v) for k, v in spec["axes"].items()}
+    first = {k: v[0] for k, v in axes.items()}
+    args = [f"inputshape={shape_arg(spec, first)}"]
+    if axes:
+        second = {k: v[1] for k, v in axes.items()}
+        args.append(f"inputshape2={shape_arg(spec, second)}")
+    args += ["device=cpu", "optlevel=2", f"fp16={1 if fp16_weights else 0}"]
+    return args
+
+
+def _rename_blobs(graph, mapping: Mapping[str, str], *, module: str) -> None:
+    """pnnx names graph inputs in0.. and outputs out0..; give them the spec's names."""
+    existing = graph.blob_names()
+    for old, new in mapping.items():
+        if old not in existing:
+            kind = "input" if old.startswith("in") else "output"
+            raise ConvertError(f"module {module}: pnnx produced no blob {old!r} for {kind} {new!r} "
+                               "(an unused input is dropped by pnnx; remove it from the wrapper)")
+        if new in existing and new not in mapping:
+            raise ConvertError(f"module {module}: blob name {new!r} collides with a pnnx blob")
+    for layer in graph.layers:
+        layer.inputs = [mapping.get(b, b) for b in layer.inputs]
+        layer.outputs = [mapping.get(b, b) for b in layer.outputs]
+        if layer.type == "Input" and layer.name in mapping:
+            layer.name = mapping[layer.name]
+
+
+def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
+                   fp16_weights: bool = False, keep_workdir: Path | None = None) -> dict[str, Any]:
+    """Convert one module; writes ``<name>.ncnn.param`` / ``.ncnn.bin`` to ``out_dir``.
+
+    Returns a receipt: the exact pnnx command (relative names), exit code, duration, layer
+    type counts and the patches applied.
+    """
+    name = spec["name"]
+    args = pnnx_args(spec, fp16_weights=fp16_weights)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"pnnx-{name}-") as tmp:
+        work = Path(tmp)
+        local_pt = work / f"{name}.pt"
+        shutil.copyfile(torchscript, local_pt)
+        cmd = [pnnx_executable(), local_pt.name, *args]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        seconds = time.perf_counter() - t0
+        param, weights = work / f"{name}.ncnn.param", work / f"{name}.ncnn.bin"
+        if proc.returncode != 0 or not param.is_file() or not weights.is_file():
+            tail = (proc.stdout + proc.stderr)[-2000:]
+            raise ConvertError(f"module {name}: pnnx exited {proc.returncode} without an ncnn graph\n{tail}")
+        graph = read_param(param)
+        try:
+            check_loadable(graph, module=name)
+        except ParamError:
+            if keep_workdir is not None:
+                shutil.copytree(work, keep_workdir / name, dirs_exist_ok=True)
+            raise
+        mapping = {f"in{i}": t["name"] for i, t in enumerate(spec["inputs"])}
+        mapping.update({f"out{i}": t["name"] for i, t in enumerate(spec["outputs"])})
+        _rename_blobs(graph, mapping, module=name)
+        receipts = apply_patches(graph, patches_from_json(spec.get("patches", [])), module=name)
+        graph.write(out_dir / f"{name}.ncnn.param")
+        shutil.copyfile(weights, out_dir / f"{name}.ncnn.bin")
+        if keep_workdir is not None:
+            shutil.copytree(work, keep_workdir / name, dirs_exist_ok=True)
+    counts: dict[str, int] = {}
+    for t in graph.layer_types():
+        counts[t] = counts.get(t, 0) + 1
+    return {"module": name, "command": ["pnnx", f"{name}.pt", *args], "returncode": proc.returncode,
+            "seconds": round(seconds, 3), "layer_types": dict(sorted(counts.items())),
+            "patches": receipts}

@@ -1,0 +1,169 @@
+"""``ncnnport`` command line. Verbs mirror the Makefile targets and take the same options."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ncnnport.registry import available_models, get_port
+from ncnnport.targets import DEFAULT_BUILD_ROOT, Target
+
+VERBS = ("export", "convert", "parity", "report", "run", "check", "test")
+
+
+def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
+    if many_models:
+        p.add_argument("model", nargs="?", default=None,
+                       help="model name (default: every model that exists)")
+    p.add_argument("--preset", default=os.environ.get("PRESET") or "tiny",
+                   help="embedded preset with seeded weights (default: tiny)")
+    p.add_argument("--ckpt", type=Path, default=None,
+                   help="local Hugging Face-format checkpoint folder (overrides --preset)")
+    p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_ROOT, help="artifact root (default: build)")
+    p.add_argument("--force", action="store_true", help="redo export and conversion even if up to date")
+
+
+def _models(arg: str | None) -> list[str]:
+    if arg:
+        get_port(arg)  # fails with the known names
+        return [arg]
+    models = available_models()
+    if not models:
+        raise SystemExit("no model folders are installed")
+    return models
+
+
+def _targets(args: argparse.Namespace) -> list[Target]:
+    ckpt = args.ckpt if args.ckpt else None
+    models = _models(args.model)
+    if ckpt is not None and len(models) != 1:
+        raise SystemExit("--ckpt needs one model name")
+    return [Target(m, args.preset, ckpt, args.build_dir) for m in models]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ncnnport.stages import export_stage, log, prepare
+    for t in _targets(args):
+        export_stage(prepare(t), force=args.force)
+        log(f"{t.model}: TorchScript modules in {t.torchscript_dir}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from ncnnport.stages import convert_stage, log, prepare
+    for t in _targets(args):
+        pkg = convert_stage(prepare(t), force=args.force)
+        log(f"{t.model}: ncnn package in {pkg}")
+    return 0
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from ncnnport.parity.run import run_parity
+    from ncnnport.reports.summary import gate_table, write_report
+    from ncnnport.stages import convert_stage, prepare
+    ok = True
+    for t in _targets(args):
+        prep = prepare(t)
+        pkg = convert_stage(prep, force=args.force)
+        summary = run_parity(prep, pkg, user_inputs=args.input or [])
+        path = write_report(summary, t.report_dir)
+        print(f"\n## {t.model} ({t.source}): {'PASSED' if summary['gates_passed'] else 'FAILED'}")
+        print(gate_table(summary))
+        print(f"report: {path.parent / 'report.md'}\nsummary: {path}")
+        ok = ok and summary["gates_passed"]
+    return 0 if ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ncnnport.fsutil import read_json
+    from ncnnport.reports.summary import gate_table, write_report
+    ok = True
+    for t in _targets(args):
+        path = t.report_dir / "summary.json"
+        if not path.is_file():
+            print(f"{t.model}: no summary at {path}; run `ncnnport parity {t.model}` first", file=sys.stderr)
+            ok = False
+            continue
+        summary = read_json(path)
+        write_report(summary, t.report_dir)
+        print(f"\n## {t.model}: {'PASSED' if summary['gates_passed'] else 'FAILED'}")
+        print(gate_table(summary))
+        print(f"report: {t.report_dir / 'report.md'}")
+        ok = ok and summary["gates_passed"]
+    return 0 if ok else 1
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ncnnport.convert.manifest import check_package
+    folders = [args.package] if args.package else [t.package_dir for t in _targets(args)]
+    bad = 0
+    for folder in folders:
+        problems = check_package(folder)
+        print(f"{folder}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        for p in problems:
+            print(f"  - {p}")
+        bad += bool(problems)
+    return 1 if bad else 0
+
+
+def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    port = get_port(args.model)
+    p = argparse.ArgumentParser(prog=f"ncnnport run {args.model}")
+    port.add_run_arguments(p)
+    margs = p.parse_args(list(extra))
+    t = Target(args.model, args.preset, args.ckpt, args.build_dir)
+    prep = prepare(t)
+    pkg = convert_stage(prep, force=args.force)
+    from ncnnport.runtime.options import RuntimeOptions
+    modules = open_ncnn_modules(pkg, options=RuntimeOptions(num_threads=args.threads))
+    return int(port.run(prep.loaded, modules, margs) or 0)
+
+
+def cmd_test(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    return subprocess.call([sys.executable, "-m", "pytest", *extra])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ncnnport", description=__doc__)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    for verb in ("export", "convert", "report"):
+        _common(sub.add_parser(verb))
+    p = sub.add_parser("parity", help="export + convert as needed, then local and e2e parity")
+    _common(p)
+    p.add_argument("--input", type=Path, action="append",
+                   help="your own input file for the e2e parity (repeatable)")
+    p = sub.add_parser("check", help="verify a package folder against its manifest")
+    _common(p)
+    p.add_argument("--package", type=Path, help="package folder (default: the model's build package)")
+    p = sub.add_parser("run", help="run the ported model with ncnn (model options follow)")
+    p.add_argument("model")
+    _common(p, many_models=False)
+    p.add_argument("--threads", type=int, default=1)
+    sub.add_parser("test", help="run the test suite (pytest arguments follow)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] in ("run", "test"):
+        args, extra = parser.parse_known_args(argv)
+        return cmd_run(args, extra) if args.verb == "run" else cmd_test(args, extra)
+    args = parser.parse_args(argv)
+    handlers = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
+                "report": cmd_report, "check": cmd_check}
+    try:
+        return handlers[args.verb](args)
+    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"ncnnport {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

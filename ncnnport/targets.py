@@ -1,0 +1,93 @@
+"""Where a model's artifacts live, and whether they are up to date.
+
+``build/<model>/<tag>/`` holds ``torchscript/`` (export stage), ``package/`` (the ncnn package:
+graphs, spec JSON, assets, manifest) and ``state.json`` (the build key each stage last
+completed with). ``tag`` is the preset name, or ``ckpt-<hash>`` for a checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncnnport.registry import KNOWN_MODELS
+
+DEFAULT_BUILD_ROOT = Path("build")
+GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.contract")
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str
+    preset: str = "tiny"
+    ckpt: Path | None = None
+    build_root: Path = DEFAULT_BUILD_ROOT
+
+    @property
+    def tag(self) -> str:
+        if self.ckpt is None:
+            return self.preset
+        digest = hashlib.sha256(str(Path(self.ckpt).resolve()).encode()).hexdigest()[:10]
+        return f"ckpt-{digest}"
+
+    @property
+    def root(self) -> Path:
+        return self.build_root / self.model / self.tag
+
+    @property
+    def torchscript_dir(self) -> Path:
+        return self.root / "torchscript"
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / "package"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def report_dir(self) -> Path:
+        suffix = "" if self.tag == "tiny" else f"-{self.tag}"
+        return self.build_root / "reports" / f"{self.model}{suffix}"
+
+    @property
+    def source(self) -> str:
+        return f"ckpt:{Path(self.ckpt).name}" if self.ckpt else f"preset:{self.preset}"
+
+
+def _hash_tree(h: "hashlib._Hash", folder: Path) -> None:
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.suffix in (".py", ".json", ".txt", ".jinja") and "__pycache__" not in p.parts:
+            h.update(p.relative_to(folder).as_posix().encode())
+            h.update(p.read_bytes())
+
+
+def code_hash(model: str) -> str:
+    """Hash of the model folder's and the generic export/convert code: a change re-exports."""
+    h = hashlib.sha256()
+    folders = [Path(importlib.import_module(KNOWN_MODELS[model].rsplit(".", 1)[0]).__file__).parent]
+    for pkg in GENERIC_STAGE_PACKAGES:
+        mod = importlib.import_module(pkg)
+        path = Path(mod.__file__)
+        folders.append(path.parent if path.name == "__init__.py" else path)
+    for f in folders:
+        if f.is_dir():
+            _hash_tree(h, f)
+        else:
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def checkpoint_fingerprint(ckpt: Path | None) -> str:
+    """Names, sizes and mtimes of a checkpoint folder's files (hashing 8 GB per run is too slow)."""
+    if ckpt is None:
+        return "none"
+    h = hashlib.sha256()
+    for p in sorted(Path(ckpt).iterdir()):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()

@@ -1,0 +1,56 @@
+"""Local parity: each ncnn module fed exactly the inputs its torch wrapper saw.
+
+Inputs are the spec's example inputs at every parity size (both trace sizes plus extras), so a
+length baked by pnnx shows up as a failure at the size it was not traced at.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ncnnport.contract import ModuleSpec, Tolerance
+from ncnnport.parity.metrics import compare, judge
+
+
+def compare_outputs(module: str, case: str, names: Sequence[str], reference: Sequence[np.ndarray],
+                    candidate: Sequence[np.ndarray], tolerances: Mapping[str, Tolerance],
+                    default: Tolerance) -> list[dict[str, Any]]:
+    """One record per output, in the summary.json ``modules`` schema."""
+    rows = []
+    for name, ref, cand in zip(names, reference, candidate):
+        tol = tolerances.get(name, tolerances.get("*", default))
+        stats = compare(ref, cand, what=f"{module}/{name}")
+        passed, reason = judge(stats, tol)
+        rows.append({"name": module, "output": name, "case": case, **stats.to_json(),
+                     "tolerance": tol.to_json(), "passed": passed, "reason": reason})
+    return rows
+
+
+def case_label(sizes: Mapping[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sizes.items()) or "static"
+
+
+def local_parity(spec: ModuleSpec, torch_runner: Any, ncnn_runner: Any, default: Tolerance,
+                 seed: int = 0) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    names = [t.name for t in spec.outputs]
+    for i, sizes in enumerate(spec.all_parity_sizes()):
+        inputs = spec.example_inputs(sizes, seed=seed + i)
+        ref = torch_runner.run(inputs)
+        got = ncnn_runner.run(inputs)
+        rows += compare_outputs(spec.name, case_label(sizes), names, ref, got, spec.tolerances, default)
+    return rows
+
+
+def recorded_parity(module: str, calls: Sequence[tuple[Sequence[np.ndarray], Sequence[np.ndarray]]],
+                    ncnn_runner: Any, tolerances: Mapping[str, Tolerance], default: Tolerance,
+                    case_prefix: str) -> list[dict[str, Any]]:
+    """Local parity on inputs recorded from a real pipeline run (see ``RecordingRunner``)."""
+    rows = []
+    names = [t.name for t in ncnn_runner.outputs]
+    for i, (inputs, ref) in enumerate(calls):
+        got = ncnn_runner.run(inputs)
+        rows += compare_outputs(module, f"{case_prefix}#{i}", names, ref, got, tolerances, default)
+    return rows

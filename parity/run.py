@@ -1,0 +1,59 @@
+"""Run local and end-to-end parity for one prepared model and collect the summary."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ncnnport.convert.manifest import tool_versions
+from ncnnport.fsutil import read_json, sha256_file
+from ncnnport.parity.local import local_parity
+from ncnnport.registry import E2EContext
+from ncnnport.runtime.options import FP32, RuntimeOptions
+from ncnnport.stages import Prepared, log, open_ncnn_modules, torch_modules
+
+SUMMARY_SCHEMA = 1
+
+
+def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
+               options: RuntimeOptions = FP32, precision: str = "fp32",
+               skip_e2e: bool = False) -> dict[str, Any]:
+    t = prep.target
+    ncnn_mods = open_ncnn_modules(package, options=options)
+    torch_mods = torch_modules(prep)
+    default = prep.policy.default(precision)
+    modules: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for spec in prep.specs:
+        log(f"{t.model}: local parity {spec.name} at {len(spec.all_parity_sizes())} sizes")
+        modules += local_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], default)
+    timings = {"local_s": time.perf_counter() - t0}
+    e2e: list[dict[str, Any]] = []
+    if not skip_e2e:
+        t0 = time.perf_counter()
+        ctx = E2EContext(loaded=prep.loaded, ncnn_modules=ncnn_mods, torch_modules=torch_mods,
+                         package_dir=package, policy=prep.policy, user_inputs=list(user_inputs),
+                         precision=precision)
+        log(f"{t.model}: end-to-end parity")
+        e2e = prep.port.e2e_parity(ctx)
+        timings["e2e_s"] = time.perf_counter() - t0
+    manifest = package / "manifest.json"
+    passed = bool(modules) and all(r["passed"] for r in modules) and all(r["passed"] for r in e2e)
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "model": t.model,
+        "preset": t.preset if t.ckpt is None else None,
+        "ckpt": str(Path(t.ckpt).name) if t.ckpt else None,
+        "precision": precision,
+        "runtime_options": options.to_json(),
+        "gates_passed": passed,
+        "policy": prep.policy.describe(),
+        "modules": modules,
+        "e2e": e2e,
+        "versions": tool_versions(),
+        "manifest_sha256": sha256_file(manifest),
+        "build_key": read_json(manifest)["build_key"],
+        "timings_s": {**{k: round(v, 2) for k, v in prep.timings.items()},
+                      **{k: round(v, 2) for k, v in timings.items()}},
+    }

@@ -1,0 +1,108 @@
+"""Write summary.json and the Markdown acceptance report; print the gate table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from ncnnport.fsutil import atomic_write_text, write_json
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "PASS" if v else "FAIL"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if abs(v) >= 1e-3 and abs(v) < 1e4:
+            return f"{v:.6f}" if abs(v) < 1.001 else f"{v:.4g}"
+        return f"{v:.3e}"
+    return str(v)
+
+
+def _table(headers: list[str], rows: Iterable[list[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def module_rollup(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Worst numbers per module over its cases and outputs."""
+    by: dict[str, dict[str, Any]] = {}
+    for r in summary["modules"]:
+        m = by.setdefault(r["name"], {"name": r["name"], "cases": set(), "cosine": 1.0,
+                                      "worst_row_cosine": 1.0, "max_abs": 0.0, "rel": 0.0, "passed": True})
+        m["cases"].add(r["case"])
+        m["cosine"] = min(m["cosine"], r["cosine"])
+        m["worst_row_cosine"] = min(m["worst_row_cosine"], r["worst_row_cosine"])
+        m["max_abs"] = max(m["max_abs"], r["max_abs"])
+        m["rel"] = max(m["rel"], r["max_abs"] / max(r["ref_absmax"], 1e-30))
+        m["passed"] = m["passed"] and r["passed"]
+    for m in by.values():
+        m["cases"] = len(m["cases"])
+    return list(by.values())
+
+
+def gate_table(summary: dict[str, Any]) -> str:
+    rows = [[m["name"], "local", m["cases"], m["cosine"], m["worst_row_cosine"], m["max_abs"], m["rel"], "-",
+             m["passed"]] for m in module_rollup(summary)]
+    for r in summary["e2e"]:
+        if r.get("kind") == "tokens":
+            tokens = f"{r['tokens_matched']}/{r['tokens_compared']}"
+            rows.append([r["fixture"], r["stage"], "-", None, None, None, None, tokens, r["passed"]])
+        else:
+            rel = r["max_abs"] / max(r.get("ref_absmax", 0.0), 1e-30)
+            rows.append([r["fixture"], r["stage"], "-", r["cosine"], r["worst_row_cosine"], r["max_abs"], rel, "-",
+                         r["passed"]])
+    return _table(["module / fixture", "stage", "cases", "cosine", "worst row cos", "max_abs",
+                   "max_abs/max|ref|", "tokens", "gate"], rows)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    verdict = "PASSED" if summary["gates_passed"] else "FAILED"
+    failures = [r for r in summary["modules"] + summary["e2e"] if not r["passed"]]
+    pol = summary["policy"]
+    parts = [
+        f"# ncnnport parity report: {summary['model']} ({summary['preset'] or summary['ckpt']})",
+        "",
+        f"**Verdict: {verdict}** - precision {summary['precision']}, ncnn options "
+        f"`{summary['runtime_options']}`",
+        "",
+        f"Policy: `{pol['file']}` version {pol['version']} sha256 `{pol['sha256']}`. "
+        f"Package manifest sha256 `{summary['manifest_sha256']}`.",
+        "",
+        "## Gates",
+        "",
+        gate_table(summary),
+        "",
+    ]
+    if failures:
+        parts += ["## Failures", ""]
+        parts += [f"- `{r.get('name', r.get('fixture'))}` {r.get('case', r.get('stage'))} "
+                  f"{r.get('output', '')}: {r['reason']}" for r in failures]
+        parts.append("")
+    toks = [r for r in summary["e2e"] if r.get("kind") == "tokens"]
+    if toks:
+        parts += ["## Token sequences", ""]
+        parts.append(_table(["fixture", "stage", "matched", "compared", "first mismatch", "top-2 margin there"],
+                            [[r["fixture"], r["stage"], r["tokens_matched"], r["tokens_compared"],
+                              r["first_mismatch"], r["margin_at_mismatch"]] for r in toks]))
+        parts.append("")
+    parts += ["## Local parity, every case", ""]
+    parts.append(_table(["module", "output", "case", "cosine", "worst row cos", "max_abs", "mean_abs", "p99_abs",
+                         "max|ref|", "NaN", "Inf", "gate"],
+                        [[r["name"], r["output"], r["case"], r["cosine"], r["worst_row_cosine"], r["max_abs"],
+                          r["mean_abs"], r["p99_abs"], r["ref_absmax"], r["nan"], r["inf"], r["passed"]]
+                         for r in summary["modules"]]))
+    parts += ["", "## Versions", "", _table(["package", "version"], [[k, v] for k, v in summary["versions"].items()]),
+              "", f"Timings (s): `{summary.get('timings_s', {})}`", ""]
+    return "\n".join(parts)
+
+
+def write_report(summary: dict[str, Any], report_dir: Path) -> Path:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_json(report_dir / "summary.json", summary)
+    atomic_write_text(report_dir / "report.md", markdown(summary))
+    return report_dir / "summary.json"
