@@ -44,8 +44,8 @@ def pnnx_args(spec: Mapping[str, Any], *, fp16_weights: bool = False) -> list[st
     axes = {k: tuple(v) for k, v in spec["axes"].items()}
     first = {k: v[0] for k, v in axes.items()}
     args = [f"inputshape={shape_arg(spec, first)}"]
-    if axes:
-        second = {k: v[1] for k, v in axes.items()}
+    if any(v[1] is not None for v in axes.values()):
+        second = {k: (v[1] if v[1] is not None else v[0]) for k, v in axes.items()}
         args.append(f"inputshape2={shape_arg(spec, second)}")
     args += ["device=cpu", "optlevel=2", f"fp16={1 if fp16_weights else 0}"]
     return args

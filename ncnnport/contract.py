@@ -18,7 +18,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-Dim = int | str  # a fixed size, or the name of a dynamic axis
+Dim = int | str  # a fixed size, the name of a dynamic axis, or "axis+K" (e.g. "past+1")
+
+_AXIS_RE = re.compile(r"([a-z_][a-z0-9_]*)(?:\+(\d+))?")
+
+
+def parse_axis(dim: str) -> tuple[str, int]:
+    """``"past+1"`` -> ``("past", 1)``; ``"seq"`` -> ``("seq", 0)``."""
+    m = _AXIS_RE.fullmatch(dim)
+    if not m:
+        raise ValueError(f"bad axis expression {dim!r}: use a name or name+K")
+    return m.group(1), int(m.group(2) or 0)
 
 SUPPORTED_DTYPES = ("float32", "int32")
 
@@ -48,15 +58,16 @@ class TensorSpec:
         out = []
         for d in self.shape:
             if isinstance(d, str):
-                if d not in sizes:
-                    raise KeyError(f"tensor {self.name!r}: no size given for axis {d!r}")
-                out.append(int(sizes[d]))
+                axis, offset = parse_axis(d)
+                if axis not in sizes:
+                    raise KeyError(f"tensor {self.name!r}: no size given for axis {axis!r}")
+                out.append(int(sizes[axis]) + offset)
             else:
                 out.append(int(d))
         return tuple(out)
 
     def axis_names(self) -> list[str]:
-        return [d for d in self.shape if isinstance(d, str)]
+        return [parse_axis(d)[0] for d in self.shape if isinstance(d, str)]
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,8 @@ class ModuleSpec:
 
     ``build`` returns the traceable wrapper (an ``nn.Module`` over the real model's weights) in
     eval mode. ``axes`` gives, per dynamic axis, the trace size and a second size (pnnx's
-    ``inputshape`` and ``inputshape2``); the two must differ. ``parity_sizes`` lists further
+    ``inputshape`` and ``inputshape2``); the two must differ. A second size of ``None`` means the
+    axis is traced at one size only, allowed only together with ``patches`` that make it dynamic. ``parity_sizes`` lists further
     size assignments for local parity (the two trace sizes are always included). ``make_inputs``
     builds valid example inputs at given sizes (e.g. a causal mask, not random noise, where the
     graph expects one). ``tolerances`` maps output name (or ``"*"``) to its gate.
@@ -114,12 +126,13 @@ class ModuleSpec:
     build: Callable[[], Any]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    axes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    axes: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     make_inputs: InputMaker | None = None
     parity_sizes: list[dict[str, int]] = field(default_factory=list)
     patches: list[ParamPatch] = field(default_factory=list)
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     notes: str = ""
+    single_size_reason: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
@@ -129,6 +142,10 @@ class ModuleSpec:
         if missing:
             raise ValueError(f"module {self.name}: axes {sorted(missing)} have no trace sizes")
         for axis, (a, b) in self.axes.items():
+            if b is None and not self.patches and not self.single_size_reason:
+                raise ValueError(
+                    f"module {self.name}: axis {axis!r} is traced at one size only; that is allowed "
+                    "only with param patches that make the baked length dynamic")
             if a == b:
                 raise ValueError(
                     f"module {self.name}: axis {axis!r} needs two different sizes, got {a} twice "
@@ -139,11 +156,16 @@ class ModuleSpec:
 
     # --- sizes -------------------------------------------------------------------------------
     def trace_sizes(self, which: int = 0) -> dict[str, int]:
-        return {axis: sizes[which] for axis, sizes in self.axes.items()}
+        """``which=0``: pnnx inputshape; ``which=1``: inputshape2 (a single-size axis keeps its size)."""
+        return {axis: (sizes[which] if sizes[which] is not None else sizes[0])
+                for axis, sizes in self.axes.items()}
+
+    def has_second_shape(self) -> bool:
+        return any(b is not None for _, b in self.axes.values())
 
     def all_parity_sizes(self) -> list[dict[str, int]]:
         cases = [self.trace_sizes(0)]
-        if self.axes:
+        if self.has_second_shape():
             cases.append(self.trace_sizes(1))
         for extra in self.parity_sizes:
             full = {**self.trace_sizes(0), **extra}
@@ -197,6 +219,7 @@ class ModuleSpec:
             "patches": [p.to_json() for p in self.patches],
             "tolerances": {k: v.to_json() for k, v in self.tolerances.items()},
             "notes": self.notes,
+            "single_size_reason": self.single_size_reason,
         }
 
 

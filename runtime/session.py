@@ -12,7 +12,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ncnnport.contract import TensorSpec, tensor_specs_from_json
+from ncnnport.contract import TensorSpec, parse_axis, tensor_specs_from_json
 from ncnnport.convert.param_file import read_param
 from ncnnport.runtime.mats import from_mat, to_mat
 from ncnnport.runtime.options import FP32, RuntimeOptions
@@ -41,9 +41,10 @@ def infer_sizes(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], *, mo
             raise TypeError(f"module {module}, input {t.name}: got dtype {a.dtype}, spec {t.dtype}")
         for d, n in zip(t.shape, a.shape):
             if isinstance(d, str):
-                if sizes.setdefault(d, n) != n:
+                axis, offset = parse_axis(d)
+                if n - offset < 0 or sizes.setdefault(axis, n - offset) != n - offset:
                     raise ValueError(f"module {module}, input {t.name}: axis {d!r} is {n} here but "
-                                     f"{sizes[d]} in an earlier input")
+                                     f"{axis}={sizes[axis]} from an earlier input")
             elif d != n:
                 raise ValueError(f"module {module}, input {t.name}: got shape {a.shape}, spec {t.shape}")
     return sizes
@@ -51,7 +52,13 @@ def infer_sizes(specs: Sequence[TensorSpec], arrays: Sequence[np.ndarray], *, mo
 
 def check_output(t: TensorSpec, arr: np.ndarray, sizes: Mapping[str, int], *, module: str) -> np.ndarray:
     """Fit ``arr`` to the spec's shape (unit axes only) or fail naming the blob."""
-    want = [sizes.get(d) if isinstance(d, str) else d for d in t.shape]
+    want: list[int | None] = []
+    for d in t.shape:
+        if isinstance(d, str):
+            axis, offset = parse_axis(d)
+            want.append(sizes[axis] + offset if axis in sizes else None)
+        else:
+            want.append(d)
     if None not in want and int(np.prod(want)) == arr.size:
         if tuple(arr.shape) != tuple(want):
             squeezed = [n for n in arr.shape if n != 1]

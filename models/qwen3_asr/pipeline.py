@@ -1,0 +1,135 @@
+"""The Qwen3-ASR inference loop over module runners (ncnn or the torch wrappers alike).
+
+Host work: mel chunking and cropping, attention windows, audio-embedding fusion at the audio
+placeholder positions, RoPE tables, masks, the KV cache and greedy selection. Graph work: the
+six modules of ``specs.module_specs``. Nothing here knows which backend runs the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ncnnport.runtime import masks, rope, sampling
+from ncnnport.runtime.kv_cache import KVCache
+
+
+def post_conv_length(frames: int) -> int:
+    """Length after the three (k=3, s=2, p=1) convolutions; zero stays zero."""
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1 if frames > 0 else 0
+    return frames
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    step_logits: list[np.ndarray] = field(default_factory=list)
+    prefill_logits: np.ndarray | None = None
+    stopped_by_eos: bool = False
+
+
+class Qwen3ASRPipeline:
+    """``modules`` maps spec names to runners with ``.run(list[np.ndarray]) -> list[np.ndarray]``."""
+
+    def __init__(self, modules: Mapping[str, Any], dims: Mapping[str, Any], *, audio_token_id: int,
+                 eos_ids: Sequence[int], n_window_infer: int) -> None:
+        missing = {"audio_conv", "audio_window", "embed", "prefill", "decode", "lm_head"} - set(modules)
+        if missing:
+            raise KeyError(f"qwen3-asr pipeline: modules missing: {sorted(missing)}")
+        self.m = modules
+        self.d = dict(dims)
+        self.audio_token_id = int(audio_token_id)
+        self.eos_ids = {int(e) for e in eos_ids}
+        self.window_chunks = n_window_infer // self.d["chunk_frames"]
+        self.freqs = rope.inv_freq(self.d["head_dim"], self.d["rope_theta"])
+
+    # --- audio -------------------------------------------------------------------------------
+    def conv_features(self, features: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Run the conv graph per chunk; returns valid rows ``[N, d]`` and per-chunk valid lengths."""
+        n_mels, total = features.shape[-2], features.shape[-1]
+        chunk = self.d["chunk_frames"]
+        if total % chunk:
+            raise ValueError(f"mel frames {total} not a multiple of the {chunk}-frame chunk")
+        rows, lengths = [], []
+        flat_mask = mask.reshape(-1)
+        for c in range(total // chunk):
+            valid = int(flat_mask[c * chunk:(c + 1) * chunk].sum())
+            if valid == 0:
+                continue
+            mel = np.ascontiguousarray(features.reshape(n_mels, total)[:, c * chunk:(c + 1) * chunk])[None, None]
+            (out,) = self.m["audio_conv"].run([mel])
+            keep = post_conv_length(valid)
+            rows.append(out[0, :keep])
+            lengths.append(keep)
+        if not rows:
+            raise ValueError("audio has no valid mel frames")
+        return np.concatenate(rows, axis=0), lengths
+
+    def encode(self, features: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """Audio embeddings ``[N, out]`` plus the conv output, windowed as HF windows attention."""
+        conv, lengths = self.conv_features(features, mask)
+        window = max(lengths) * self.window_chunks
+        outs = []
+        for start in range(0, conv.shape[0], window):
+            (emb,) = self.m["audio_window"].run([np.ascontiguousarray(conv[None, start:start + window])])
+            outs.append(emb[0])
+        return {"conv": conv, "audio_embeds": np.concatenate(outs, axis=0)}
+
+    # --- text --------------------------------------------------------------------------------
+    def embed_prompt(self, ids: np.ndarray, audio_embeds: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
+        (emb,) = self.m["embed"].run([ids])
+        slots = np.flatnonzero(ids[0] == self.audio_token_id)
+        if len(slots) != audio_embeds.shape[0]:
+            raise ValueError(f"prompt has {len(slots)} audio placeholders but the encoder gave "
+                             f"{audio_embeds.shape[0]} embeddings")
+        emb = emb.copy()
+        emb[0, slots] = audio_embeds
+        return emb
+
+    def _tables(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        cos, sin = rope.cos_sin(np.arange(start, start + length), self.freqs)
+        return cos[None], sin[None]
+
+    def _logits(self, hidden_last: np.ndarray) -> np.ndarray:
+        (logits,) = self.m["lm_head"].run([np.ascontiguousarray(hidden_last.reshape(1, 1, -1))])
+        return logits.reshape(-1)
+
+    def generate(self, ids: np.ndarray, audio_embeds: np.ndarray, max_new_tokens: int,
+                 keep_logits: bool = False, on_token: Callable[[int], None] | None = None,
+                 forced: Sequence[int] | None = None) -> Generation:
+        """Greedy decode. ``forced`` feeds given tokens instead of the argmax (teacher forcing),
+        so logits can be compared along the reference's sequence."""
+        emb = self.embed_prompt(ids, audio_embeds)
+        s = emb.shape[1]
+        if s + max_new_tokens > self.d["max_positions"]:
+            raise ValueError(f"prompt of {s} tokens + {max_new_tokens} new tokens exceeds the model's "
+                             f"max positions ({self.d['max_positions']})")
+        cache = KVCache(2 * self.d["layers"], owner="qwen3-asr decoder")
+        cos, sin = self._tables(0, s)
+        hidden, *kv = self.m["prefill"].run([emb, cos, sin, masks.causal(s)])
+        cache.set(kv, s)
+        logits = self._logits(hidden[0, -1])
+        gen = Generation(tokens=[], prefill_logits=logits.copy())
+        for step in range(max_new_tokens):
+            if keep_logits:
+                gen.step_logits.append(logits.copy())
+            token = sampling.greedy(logits) if forced is None else int(forced[step])
+            gen.tokens.append(token)
+            if on_token is not None:
+                on_token(token)
+            if forced is None and token in self.eos_ids:
+                gen.stopped_by_eos = True
+                break
+            if step == max_new_tokens - 1:
+                break
+            (tok_emb,) = self.m["embed"].run([np.array([[token]], dtype=np.int32)])
+            pos = cache.length
+            cos, sin = self._tables(pos, 1)
+            hidden, *kv = self.m["decode"].run([tok_emb, cos, sin, masks.causal(1, pos), *cache.inputs()])
+            cache.set(kv, 1)
+            logits = self._logits(hidden[0, -1])
+        return gen

@@ -1,0 +1,138 @@
+"""The Qwen3-ASR split as module specs: one source of truth for every graph's dims and inputs."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
+from ncnnport.models.qwen3_asr import wrappers
+from ncnnport.runtime import masks, rope
+
+AUDIO_WINDOW_TRACE = (13, 104)      # one chunk, one full attention window (8 chunks x 13)
+PREFILL_TRACE = (9, 23)
+DECODE_TRACE = (5, 12)
+
+
+def dims(model) -> dict[str, int]:
+    """Every dimension the specs and the runtime need, read from the model's config once."""
+    a = model.config.audio_config
+    t = model.config.text_config
+    return {
+        "mel_bins": a.num_mel_bins, "chunk_frames": 2 * a.n_window, "d_model": a.d_model,
+        "audio_out": a.output_dim, "hidden": t.hidden_size, "layers": t.num_hidden_layers,
+        "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads,
+        "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        "vocab": t.vocab_size, "max_positions": t.max_position_embeddings,
+        "rope_theta": float(t.rope_parameters["rope_theta"]),
+    }
+
+
+def kv_specs(d: Mapping[str, int], axis: str, prefix: str) -> list[TensorSpec]:
+    out = []
+    for i in range(d["layers"]):
+        for kind in ("k", "v"):
+            out.append(TensorSpec(f"{prefix}{kind}{i}", (1, d["kv_heads"], axis, d["head_dim"])))
+    return out
+
+
+def _rope_inputs(d: Mapping[str, int], start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    cos, sin = rope.cos_sin(np.arange(start, start + length), rope.inv_freq(d["head_dim"], d["rope_theta"]))
+    return cos[None], sin[None]
+
+
+def _prefill_inputs(d: Mapping[str, int]):
+    def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+        s = sizes["seq"]
+        cos, sin = _rope_inputs(d, 0, s)
+        emb = rng.standard_normal((1, s, d["hidden"])).astype(np.float32)
+        return [emb, cos, sin, masks.causal(s)]
+    return make
+
+
+def _decode_inputs(d: Mapping[str, int]):
+    def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+        p = sizes["past"]
+        cos, sin = _rope_inputs(d, p, 1)
+        emb = rng.standard_normal((1, 1, d["hidden"])).astype(np.float32)
+        past = [rng.standard_normal((1, d["kv_heads"], p, d["head_dim"])).astype(np.float32)
+                for _ in range(2 * d["layers"])]
+        return [emb, cos, sin, masks.causal(1, p), *past]
+    return make
+
+
+def _ids_inputs(d: Mapping[str, int]):
+    def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.integers(0, d["vocab"], size=(1, sizes["seq"])).astype(np.int32)]
+    return make
+
+
+def decode_inputs_for(d: Mapping[str, int]):
+    return _decode_inputs(d)
+
+
+def module_specs(model) -> list[ModuleSpec]:
+    d = dims(model)
+    m = model.model
+    L = d["layers"]
+    hd = d["head_dim"]
+    return [
+        ModuleSpec(
+            "audio_conv", build=lambda: wrappers.AudioConv(m.audio_tower, d["chunk_frames"]).eval(),
+            inputs=[TensorSpec("mel", (1, 1, d["mel_bins"], d["chunk_frames"]))],
+            outputs=[TensorSpec("conv", (1, "steps", d["d_model"]))],
+            notes="static: one 2*n_window-frame mel chunk; the host crops the partial last chunk"),
+        ModuleSpec(
+            "audio_window", build=lambda: wrappers.AudioWindow(m.audio_tower, m.multi_modal_projector).eval(),
+            inputs=[TensorSpec("frames", (1, "tokens", d["d_model"]))],
+            outputs=[TensorSpec("audio_embeds", (1, "tokens", d["audio_out"]))],
+            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}, {"tokens": 57}],
+            notes="one attention window (full attention inside it) + ln_post + projector"),
+        ModuleSpec(
+            "embed", build=lambda: wrappers.TokenEmbed(m.language_model.embed_tokens).eval(),
+            inputs=[TensorSpec("ids", (1, "seq"), "int32")],
+            outputs=[TensorSpec("emb", (1, "seq", d["hidden"]))],
+            axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}]),
+        ModuleSpec(
+            "prefill", build=lambda: wrappers.TextPrefill(m.language_model).eval(),
+            inputs=[TensorSpec("emb", (1, "seq", d["hidden"])), TensorSpec("cos", (1, "seq", hd)),
+                    TensorSpec("sin", (1, "seq", hd)), TensorSpec("mask", (1, "seq", "seq"))],
+            outputs=[TensorSpec("hidden", (1, "seq", d["hidden"])), *kv_specs(d, "seq", "")],
+            axes={"seq": PREFILL_TRACE}, make_inputs=_prefill_inputs(d),
+            parity_sizes=[{"seq": 1}, {"seq": 64}]),
+        ModuleSpec(
+            "decode", build=lambda: wrappers.TextDecode(m.language_model).eval(),
+            inputs=[TensorSpec("emb", (1, 1, d["hidden"])), TensorSpec("cos", (1, 1, hd)),
+                    TensorSpec("sin", (1, 1, hd)), TensorSpec("mask", (1, 1, "past+1")),
+                    *kv_specs(d, "past", "past_")],
+            outputs=[TensorSpec("hidden", (1, 1, d["hidden"])), *kv_specs(d, "past+1", "")],
+            axes={"past": DECODE_TRACE}, make_inputs=_decode_inputs(d),
+            parity_sizes=[{"past": 1}, {"past": 77}]),
+        ModuleSpec(
+            "lm_head", build=lambda: wrappers.LmHead(model.lm_head).eval(),
+            inputs=[TensorSpec("hidden", (1, 1, d["hidden"]))],
+            outputs=[TensorSpec("logits", (1, 1, d["vocab"]))]),
+    ]
+
+
+def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
+    """The public ports' decode graph, traced at one cache length, with or without the patch.
+
+    pnnx writes ncnn dims reversed with batch dropped (0=w 1=h 2=c), so repeat_kv's reshape to
+    ``[1, heads, past+1, head_dim]`` becomes ``Reshape 0=head_dim 1=past+1 2=heads``.
+    """
+    d = dims(model)
+    patch = ParamPatch("Reshape", where={"0": str(d["head_dim"]), "1": str(past + 1), "2": str(d["heads"])},
+                       set={"1": "-1"}, min_matches=2 * d["layers"],
+                       why="repeat_kv reshape baked past+1; -1 lets ncnn infer the cache length")
+    return ModuleSpec(
+        "decode_static", build=lambda: wrappers.StaticReshapeDecode(model.model.language_model).eval(),
+        inputs=[TensorSpec("emb", (1, 1, d["hidden"])), TensorSpec("cos", (1, 1, d["head_dim"])),
+                TensorSpec("sin", (1, 1, d["head_dim"])), TensorSpec("mask", (1, 1, "past+1")),
+                *kv_specs(d, "past", "past_")],
+        outputs=[TensorSpec("hidden", (1, 1, d["hidden"])), *kv_specs(d, "past+1", "")],
+        axes={"past": (past, None)}, make_inputs=_decode_inputs(d),
+        parity_sizes=[{"past": past + 6}, {"past": 3}],
+        patches=[patch] if patched else [],
+        single_size_reason="reproduces the public ports' single-length decode trace")

@@ -1,0 +1,180 @@
+"""Traceable export wrappers over a transformers ``Qwen3ASRForConditionalGeneration``.
+
+Each wrapper reuses the HF submodules' weights and rewrites only what pnnx cannot convert:
+shape-dependent splitting (done on the host), HF ``repeat_kv`` (replaced by SDPA with
+``enable_gqa``), masks and RoPE tables (graph inputs). Every tensor keeps a leading batch of 1.
+
+Split (why): the audio conv runs on fixed 100-frame mel chunks exactly as HF chunks them, so the
+graph is static and the host crops the partial last chunk; the audio transformer runs once per
+attention window (HF's attention is block-diagonal over windows, so per-window calls need no
+mask); the text decoder is one prefill graph (all layers, K/V out) and one decode graph (K/V in
+and out, ``torch.cat`` inside -> ncnn Concat); the lm_head projects only the last row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Written with halves by slicing (not chunk) so pnnx fuses it into ncnn RotaryEmbed."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class AudioConv(nn.Module):
+    """``[1, 1, mel, 2*n_window]`` mel chunk -> ``[1, T, d_model]`` conv features + positions."""
+
+    def __init__(self, tower: nn.Module, chunk_frames: int) -> None:
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = tower.conv2d1, tower.conv2d2, tower.conv2d3
+        self.conv_out = tower.conv_out
+        steps = chunk_frames
+        for _ in range(3):
+            steps = (steps - 1) // 2 + 1
+        self.register_buffer("positions", tower.positional_embedding.positional_embedding[:steps].clone()[None])
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.conv1(mel))
+        h = F.gelu(self.conv2(h))
+        h = F.gelu(self.conv3(h))
+        _, c, f, t = h.shape
+        h = h.permute(0, 3, 1, 2).reshape(1, t, c * f)
+        return self.conv_out(h) + self.positions
+
+
+class AudioWindow(nn.Module):
+    """One attention window of the audio encoder + ``ln_post`` + projector: ``[1,L,d] -> [1,L,out]``."""
+
+    def __init__(self, tower: nn.Module, projector: nn.Module) -> None:
+        super().__init__()
+        self.layers = tower.layers
+        self.ln_post = tower.ln_post
+        self.projector = projector
+        attn = tower.layers[0].self_attn
+        self.heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scaling
+
+    def _attention(self, attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(1, -1, self.heads, self.head_dim).transpose(1, 2)
+        q, k, v = heads(attn.q_proj(x)), heads(attn.k_proj(x)), heads(attn.v_proj(x))
+        o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return attn.out_proj(o.transpose(1, 2).reshape(1, -1, self.heads * self.head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + self._attention(layer.self_attn, layer.self_attn_layer_norm(x))
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+        return self.projector(self.ln_post(x))
+
+
+class TokenEmbed(nn.Module):
+    """int32 ids ``[1,S]`` -> ``[1,S,H]`` (ncnn Embed; ids must be int32 on the ncnn side)."""
+
+    def __init__(self, embed: nn.Embedding) -> None:
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids)
+
+
+class _DecoderStack(nn.Module):
+    """Shared layer math for prefill and decode (Qwen3: per-head q/k RMSNorm, GQA, RoPE, SwiGLU)."""
+
+    def __init__(self, text_model: nn.Module) -> None:
+        super().__init__()
+        self.layers = text_model.layers
+        self.norm = text_model.norm
+        attn = text_model.layers[0].self_attn
+        cfg = text_model.config
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.scale = attn.head_dim, attn.scaling
+
+    def layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+              past_k: torch.Tensor | None = None, past_v: torch.Tensor | None = None):
+        layer = self.layers[i]
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_norm(attn.q_proj(x).view(1, -1, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(1, -1, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = attn.v_proj(x).view(1, -1, self.n_kv, self.head_dim).transpose(1, 2)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
+        if past_k is not None:
+            k = torch.cat((past_k, k), dim=2)
+            v = torch.cat((past_v, v), dim=2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=self.scale,
+                                           enable_gqa=True)
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(1, -1, self.n_heads * self.head_dim))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h, k, v
+
+
+class TextPrefill(_DecoderStack):
+    """``(emb [1,S,H], cos/sin [1,S,hd], mask [1,S,S])`` -> normed hidden + K/V of every layer."""
+
+    def forward(self, emb, cos, sin, mask):
+        h = emb
+        caches = []
+        for i in range(len(self.layers)):
+            h, k, v = self.layer(i, h, cos, sin, mask)
+            caches += [k, v]
+        return (self.norm(h), *caches)
+
+
+class TextDecode(_DecoderStack):
+    """One token with explicit past K/V: ``(emb [1,1,H], cos, sin, mask [1,1,P+1], k0, v0, ...)``."""
+
+    def forward(self, emb, cos, sin, mask, *past):
+        h = emb
+        caches = []
+        for i in range(len(self.layers)):
+            h, k, v = self.layer(i, h, cos, sin, mask, past[2 * i], past[2 * i + 1])
+            caches += [k, v]
+        return (self.norm(h), *caches)
+
+
+class StaticReshapeDecode(_DecoderStack):
+    """The public ports' decode graph: HF-style ``repeat_kv`` (expand + reshape) traced at ONE
+    cache length. pnnx bakes ``past+1`` into a Reshape; only the ``Reshape -> -1`` param patch
+    lets it run at other lengths. Kept to prove the patch machinery on a real failure."""
+
+    def forward(self, emb, cos, sin, mask, *past):
+        h = emb
+        outs = []
+        groups = self.n_heads // self.n_kv
+        for i in range(len(self.layers)):
+            layer = self.layers[i]
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_norm(attn.q_proj(x).view(1, -1, self.n_heads, self.head_dim)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(x).view(1, -1, self.n_kv, self.head_dim)).transpose(1, 2)
+            v = attn.v_proj(x).view(1, -1, self.n_kv, self.head_dim).transpose(1, 2)
+            c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+            q = q * c + rotate_half(q) * s
+            k = k * c + rotate_half(k) * s
+            k = torch.cat((past[2 * i], k), dim=2)
+            v = torch.cat((past[2 * i + 1], v), dim=2)
+            outs += [k, v]
+            t = k.shape[2]
+            kr = k[:, :, None].expand(1, self.n_kv, groups, t, self.head_dim).reshape(1, self.n_heads, t, self.head_dim)
+            vr = v[:, :, None].expand(1, self.n_kv, groups, t, self.head_dim).reshape(1, self.n_heads, t, self.head_dim)
+            o = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask.unsqueeze(1), scale=self.scale)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, -1, self.n_heads * self.head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return (self.norm(h), *outs)
+
+
+class LmHead(nn.Module):
+    """Normed last hidden row ``[1,1,H]`` -> logits ``[1,1,V]`` (tied to the embedding)."""
+
+    def __init__(self, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.lm_head = lm_head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h)

@@ -1,0 +1,57 @@
+import numpy as np
+
+from ncnnport.contract import Tolerance
+from ncnnport.parity.metrics import compare, judge
+from ncnnport.parity.records import token_record
+
+
+def test_identical_tensors_pass():
+    a = np.random.default_rng(0).standard_normal((1, 7, 16)).astype(np.float32)
+    stats = compare(a, a.copy())
+    assert stats.max_abs == 0 and stats.cosine == 1.0
+    assert judge(stats, Tolerance())[0]
+
+
+def test_one_bad_row_is_caught_by_worst_row_cosine():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1, 500, 64)).astype(np.float32)
+    b = a.copy()
+    b[0, 123] = rng.standard_normal(64)
+    stats = compare(a, b)
+    assert stats.cosine > 0.99          # the global cosine hides it
+    assert stats.worst_row_cosine < 0.5
+    passed, reason = judge(stats, Tolerance(min_cosine=0.99, max_abs_rel=10.0))
+    assert not passed and "worst-row" in reason
+
+
+def test_nan_fails_and_is_counted():
+    a = np.ones((1, 4), np.float32)
+    b = a.copy()
+    b[0, 2] = np.nan
+    stats = compare(a, b)
+    assert stats.nan == 1
+    assert not judge(stats, Tolerance())[0]
+
+
+def test_max_abs_gate_is_relative_to_reference_scale():
+    a = np.full((1, 4), 1000.0, np.float32)
+    b = a + 0.05  # 5e-5 relative: inside 1e-4 x max|ref|
+    assert judge(compare(a, b), Tolerance(min_cosine=0.0))[0]
+    assert not judge(compare(a, a + 0.5), Tolerance(min_cosine=0.0))[0]
+
+
+def test_shape_mismatch_is_an_error():
+    import pytest
+    with pytest.raises(ValueError, match="shape"):
+        compare(np.zeros((1, 3)), np.zeros((1, 4)))
+
+
+def test_token_mismatch_reports_reference_margin():
+    logits = [np.array([0.0, 3.0, 1.0]), np.array([2.0, 1.99, 0.0])]
+    rec = token_record("clip", [1, 0], [1, 1], logits)
+    assert rec["first_mismatch"] == 1 and rec["tokens_matched"] == 1
+    assert abs(rec["margin_at_mismatch"] - 0.01) < 1e-9
+    assert not rec["passed"]
+    ok = token_record("clip", [1, 0], [1, 0], logits, min_tokens=2)
+    assert ok["passed"] and ok["first_mismatch"] is None
+    assert not token_record("clip", [1], [1], logits, min_tokens=2)["passed"]

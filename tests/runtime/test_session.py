@@ -1,0 +1,65 @@
+"""The ncnn runner on a real converted graph: parity at untraced sizes and host-side validation."""
+
+import numpy as np
+import pytest
+
+from ncnnport.convert.param_file import ParamError
+from ncnnport.parity.metrics import compare
+from ncnnport.runtime.session import NcnnError, NcnnModule, TorchModule
+
+pytestmark = pytest.mark.slow
+
+
+def open_toy(pkg):
+    d = pkg["dir"]
+    return NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", pkg["record"])
+
+
+def test_blobs_carry_spec_names_and_receipt_has_command(toy_package):
+    text = (toy_package["dir"] / "toy.ncnn.param").read_text()
+    assert "Input" in text and " x " in text and " attn" in text and "in0" not in text
+    cmd = toy_package["receipt"]["command"]
+    assert "fp16=0" in cmd and any(a.startswith("inputshape2=") for a in cmd)
+    assert not any("/" in a for a in cmd[:2])  # receipts carry no machine paths
+
+
+@pytest.mark.parametrize("seq", [1, 5, 9, 31])
+def test_ncnn_matches_torch_at_traced_and_untraced_sizes(toy_package, seq):
+    spec = toy_package["spec"]
+    ncnn_mod = open_toy(toy_package)
+    torch_mod = TorchModule(spec.build(), toy_package["record"])
+    inputs = spec.example_inputs({"seq": seq})
+    for ref, got in zip(torch_mod.run(inputs), ncnn_mod.run(inputs)):
+        assert ref.shape == got.shape
+        assert compare(ref, got).max_abs < 1e-5
+
+
+def test_wrong_rank_dtype_and_inconsistent_axes_fail_on_the_host(toy_package):
+    mod = open_toy(toy_package)
+    x = np.zeros((1, 4, 16), np.float32)
+    mask = np.zeros((1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="module toy, input x: got rank 2"):
+        mod.run([x[0], mask])
+    with pytest.raises(TypeError, match="module toy, input x: got dtype float64"):
+        mod.run([x.astype(np.float64), mask])
+    with pytest.raises(ValueError, match="axis 'seq' is 5"):
+        mod.run([x, np.zeros((1, 5, 5), np.float32)])
+
+
+def test_missing_truncated_and_corrupt_files_are_named(toy_package, tmp_path):
+    d, rec = toy_package["dir"], toy_package["record"]
+    with pytest.raises(FileNotFoundError, match="missing"):
+        NcnnModule(tmp_path / "nope.param", d / "toy.ncnn.bin", rec)
+    lines = (d / "toy.ncnn.param").read_text().splitlines()
+    cut = tmp_path / "cut.param"
+    cut.write_text("\n".join(lines[:-2]) + "\n")
+    with pytest.raises(ParamError, match="truncated"):
+        NcnnModule(cut, d / "toy.ncnn.bin", rec)
+    short_bin = tmp_path / "short.bin"
+    short_bin.write_bytes((d / "toy.ncnn.bin").read_bytes()[:100])
+    with pytest.raises(NcnnError, match="could not load weights"):
+        NcnnModule(d / "toy.ncnn.param", short_bin, rec)
+    garbage = tmp_path / "garbage.param"
+    garbage.write_bytes(b"\x00\xff" * 50)
+    with pytest.raises(ParamError):
+        NcnnModule(garbage, d / "toy.ncnn.bin", rec)
