@@ -161,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.verb](args)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
-        print(f"ncnnport {args.verb}: error: {exc}", file=sys.stderr)
+        if os.environ.get("NCNNPORT_DEBUG"):
+            raise
+        print(f"ncnnport {args.verb}: error: {exc} (NCNNPORT_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
 
 

@@ -52,6 +52,9 @@ def gate_table(summary: dict[str, Any]) -> str:
         if r.get("kind") == "tokens":
             tokens = f"{r['tokens_matched']}/{r['tokens_compared']}"
             rows.append([r["fixture"], r["stage"], "-", None, None, None, None, tokens, r["passed"]])
+        elif "max_abs" not in r:
+            rows.append([r["fixture"], r["stage"], "-", None, None, None, None, r.get("reason") or "equal",
+                         r["passed"]])
         else:
             rel = r["max_abs"] / max(r.get("ref_absmax", 0.0), 1e-30)
             rows.append([r["fixture"], r["stage"], "-", r["cosine"], r["worst_row_cosine"], r["max_abs"], rel, "-",

@@ -18,3 +18,10 @@ def top2_margin(logits: np.ndarray) -> float:
         return float("inf")
     top = np.partition(row, -2)[-2:]
     return float(top[1] - top[0])
+
+
+def suppress(logits: np.ndarray, token_ids) -> np.ndarray:
+    """Copy of a logit row with ``token_ids`` set to -inf (e.g. EOS before a minimum length)."""
+    row = np.array(logits, dtype=np.float32, copy=True).reshape(-1)
+    row[list(token_ids)] = -np.inf
+    return row

@@ -1,0 +1,152 @@
+"""Repeated-call stability measurements: latency drift, RSS growth and output identity.
+
+A runtime must not get slower, grow, or change its answer with the number of calls. Each check
+here measures one of those on any callable returning arrays, so the same bench serves every
+model stage (encoder, decode step, DiT block) and a user's own port.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+Call = Callable[[], Sequence[np.ndarray]]
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def linear_slope(ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope of ys vs index and its 95% half-width (normal approximation)."""
+    n = len(ys)
+    if n < 3:
+        return 0.0, float("inf")
+    x = np.arange(n, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    xm, ym = x.mean(), y.mean()
+    sxx = float(((x - xm) ** 2).sum())
+    slope = float(((x - xm) * (y - ym)).sum() / sxx)
+    resid = y - (ym + slope * (x - xm))
+    s2 = float((resid ** 2).sum() / (n - 2))
+    se = math.sqrt(s2 / sxx) if sxx > 0 else float("inf")
+    return slope, 1.96 * se
+
+
+def fingerprint(outputs: Sequence[np.ndarray]) -> bytes:
+    return b"".join(np.ascontiguousarray(o).tobytes() + str(o.shape).encode() for o in outputs)
+
+
+@dataclass
+class BenchResult:
+    label: str
+    runs: int
+    first_call_ms: float
+    mean_ms: float
+    std_ms: float
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    drift_pct_per_100: float
+    drift_ci_pct_per_100: float
+    rss_growth_mb: float
+    identical_outputs: bool
+    mismatched_calls: list[int] = field(default_factory=list)
+    times_ms: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def drift_within(self, pct_per_100: float) -> bool:
+        """Drift is acceptable when the slope's confidence interval does not exclude ``pct``.
+
+        Judged on the lower CI bound so noise alone never fails the gate, while a real slowdown
+        (like 702 ms -> 1848 ms over 15 calls) does.
+        """
+        return self.drift_pct_per_100 - self.drift_ci_pct_per_100 <= pct_per_100
+
+
+def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
+            reference: Sequence[np.ndarray] | None = None) -> BenchResult:
+    """Time ``call``: the first call alone, ``warmup`` more, then ``runs`` timed calls.
+
+    Every output (warm-up included) is compared bitwise with ``reference`` (default: the first
+    call's output); RSS is read after warm-up and after the timed runs.
+    """
+    t0 = time.perf_counter()
+    first = [np.array(o, copy=True) for o in call()]
+    first_ms = (time.perf_counter() - t0) * 1e3
+    ref = fingerprint(reference if reference is not None else first)
+    mismatched = [] if fingerprint(first) == ref else [0]
+    for i in range(warmup):
+        if fingerprint(call()) != ref:
+            mismatched.append(1 + i)
+    gc.collect()
+    rss0 = rss_bytes()
+    times = []
+    for i in range(runs):
+        t = time.perf_counter()
+        out = call()
+        times.append((time.perf_counter() - t) * 1e3)
+        if fingerprint(out) != ref:
+            mismatched.append(1 + warmup + i)
+    gc.collect()
+    rss1 = rss_bytes()
+    med = statistics.median(times)
+    slope, ci = linear_slope(times)
+    return BenchResult(
+        label=label, runs=runs, first_call_ms=first_ms, mean_ms=statistics.fmean(times),
+        std_ms=statistics.pstdev(times), median_ms=med, min_ms=min(times), max_ms=max(times),
+        drift_pct_per_100=100.0 * slope * 100.0 / med if med > 0 else 0.0,
+        drift_ci_pct_per_100=100.0 * ci * 100.0 / med if med > 0 else 0.0,
+        rss_growth_mb=(rss1 - rss0) / 2**20, identical_outputs=not mismatched,
+        mismatched_calls=mismatched, times_ms=times)
+
+
+def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[str, BenchResult]:
+    """Alternate the calls round-robin; each one's outputs must equal its isolated first call.
+
+    This is the multimodal case: an encoder called between LLM decode steps must neither slow
+    down nor change because the other sub-model ran.
+    """
+    isolated = {name: [np.array(o, copy=True) for o in fn()] for name, fn in calls.items()}
+    refs = {name: fingerprint(out) for name, out in isolated.items()}
+    for _ in range(warmup):
+        for fn in calls.values():
+            fn()
+    gc.collect()
+    rss0 = rss_bytes()
+    times: dict[str, list[float]] = {n: [] for n in calls}
+    bad: dict[str, list[int]] = {n: [] for n in calls}
+    for r in range(rounds):
+        for name, fn in calls.items():
+            t = time.perf_counter()
+            out = fn()
+            times[name].append((time.perf_counter() - t) * 1e3)
+            if fingerprint(out) != refs[name]:
+                bad[name].append(r)
+    gc.collect()
+    growth = (rss_bytes() - rss0) / 2**20
+    results = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        slope, ci = linear_slope(ts)
+        results[name] = BenchResult(
+            label=name, runs=rounds, first_call_ms=float("nan"), mean_ms=statistics.fmean(ts),
+            std_ms=statistics.pstdev(ts), median_ms=med, min_ms=min(ts), max_ms=max(ts),
+            drift_pct_per_100=100.0 * slope * 100.0 / med, drift_ci_pct_per_100=100.0 * ci * 100.0 / med,
+            rss_growth_mb=growth, identical_outputs=not bad[name], mismatched_calls=bad[name], times_ms=ts)
+    return results
