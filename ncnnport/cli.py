@@ -111,6 +111,35 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ncnnport.runtime.bench_cli import run_bench, run_interleave, write_json
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.torch_ratio import torch_ratio_table
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
+    out = {}
+    for t in _targets(args):
+        prep = prepare(t)
+        pkg = convert_stage(prep, force=args.force)
+        stages = [args.stage] if args.stage else list(prep.port.bench_stages())
+        if not stages:
+            print(f"{t.model}: no bench stages")
+            continue
+        print(f"\n## bench {t.model} ({t.source}), threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
+        res = {"stages": run_bench(prep, pkg, stages, backends, sizes, args.threads, args.warmup, args.runs)}
+        if args.interleave and len(stages) >= 1:
+            pairs = [(s, (sizes or prep.port.bench_stages()[s])[0]) for s in prep.port.bench_stages()]
+            res["interleave"] = run_interleave(prep, pkg, pairs, args.interleave, args.threads)
+        if args.torch:
+            res["torch_ratio"] = torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs)
+        path = args.build_dir / "reports" / "bench" / f"{t.model}.json"
+        write_json(path, res)
+        print(f"json: {path}")
+        out[t.model] = res
+    return 0
+
+
 def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
     port = get_port(args.model)
@@ -138,6 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--input", type=Path, action="append",
                    help="your own input file for the e2e parity (repeatable)")
+    p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
+    _common(p)
+    p.add_argument("--stage", default=None, help="bench stage (default: every stage of the model)")
+    p.add_argument("--backends", default="cpu", help="comma list of cpu, vulkan")
+    p.add_argument("--sizes", default=None, help="comma list of sizes (stage-specific, e.g. 16,512)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="also alternate all stages for ROUNDS rounds in one process")
+    p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
     p = sub.add_parser("check", help="verify a package folder against its manifest")
     _common(p)
     p.add_argument("--package", type=Path, help="package folder (default: the model's build package)")
@@ -157,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_run(args, extra) if args.verb == "run" else cmd_test(args, extra)
     args = parser.parse_args(argv)
     handlers = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
-                "report": cmd_report, "check": cmd_check}
+                "report": cmd_report, "check": cmd_check, "bench": cmd_bench}
     try:
         return handlers[args.verb](args)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:

@@ -83,6 +83,20 @@ class ModelPort(ABC):
     def add_run_arguments(self, parser: Any) -> None:
         """Model-specific options of the ``run`` verb."""
 
+    def bench_stages(self) -> dict[str, list[str]]:
+        """Benchmarkable stages and their default sizes (``{"decode": ["16", "512"]}``)."""
+        return {}
+
+    def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str,
+                   size: str) -> Any:
+        """A zero-argument callable running ``stage`` once at ``size`` on ``modules`` with fixed
+        inputs (so every call must return identical outputs)."""
+        raise NotImplementedError(f"model {self.name} has no bench stage {stage!r}")
+
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
+        """The PyTorch eager equivalent of a bench stage (for the speed ratio), or None."""
+        return None
+
 
 def model_names() -> list[str]:
     return list(KNOWN_MODELS)

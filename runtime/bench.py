@@ -30,20 +30,24 @@ def rss_bytes() -> int:
         return 0
 
 
-def linear_slope(ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares slope of ys vs index and its 95% half-width (normal approximation)."""
+def robust_slope(ys: Sequence[float]) -> tuple[float, float]:
+    """Theil-Sen slope of ys vs call index and the half-width of its ~95% rank interval.
+
+    A median of pairwise slopes, not least squares: one 4 ms scheduler hiccup on a shared
+    2-core machine must not read as a trend, while a steady slowdown still does.
+    """
     n = len(ys)
     if n < 3:
         return 0.0, float("inf")
-    x = np.arange(n, dtype=np.float64)
     y = np.asarray(ys, dtype=np.float64)
-    xm, ym = x.mean(), y.mean()
-    sxx = float(((x - xm) ** 2).sum())
-    slope = float(((x - xm) * (y - ym)).sum() / sxx)
-    resid = y - (ym + slope * (x - xm))
-    s2 = float((resid ** 2).sum() / (n - 2))
-    se = math.sqrt(s2 / sxx) if sxx > 0 else float("inf")
-    return slope, 1.96 * se
+    i, j = np.triu_indices(n, k=1)
+    slopes = np.sort((y[j] - y[i]) / (j - i))
+    m = slopes.size
+    c = 1.96 * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    lo = int(max(0, math.floor((m - c) / 2)))
+    hi = int(min(m - 1, math.ceil((m + c) / 2)))
+    slope = float(np.median(slopes))
+    return slope, float(max(slope - slopes[lo], slopes[hi] - slope))
 
 
 def fingerprint(outputs: Sequence[np.ndarray]) -> bytes:
@@ -106,7 +110,7 @@ def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
     gc.collect()
     rss1 = rss_bytes()
     med = statistics.median(times)
-    slope, ci = linear_slope(times)
+    slope, ci = robust_slope(times)
     return BenchResult(
         label=label, runs=runs, first_call_ms=first_ms, mean_ms=statistics.fmean(times),
         std_ms=statistics.pstdev(times), median_ms=med, min_ms=min(times), max_ms=max(times),
@@ -143,7 +147,7 @@ def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[
     results = {}
     for name, ts in times.items():
         med = statistics.median(ts)
-        slope, ci = linear_slope(ts)
+        slope, ci = robust_slope(ts)
         results[name] = BenchResult(
             label=name, runs=rounds, first_call_ms=float("nan"), mean_ms=statistics.fmean(ts),
             std_ms=statistics.pstdev(ts), median_ms=med, min_ms=min(ts), max_ms=max(ts),
