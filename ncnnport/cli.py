@@ -194,12 +194,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] in ("run", "test"):
         args, extra = parser.parse_known_args(argv)
-        return cmd_run(args, extra) if args.verb == "run" else cmd_test(args, extra)
-    args = parser.parse_args(argv)
-    handlers = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
-                "report": cmd_report, "check": cmd_check, "bench": cmd_bench}
+        if args.verb == "test":
+            return cmd_test(args, extra)
+        handler = lambda a: cmd_run(a, extra)  # noqa: E731
+    else:
+        args = parser.parse_args(argv)
+        handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
+                   "report": cmd_report, "check": cmd_check, "bench": cmd_bench}[args.verb]
     try:
-        return handlers[args.verb](args)
+        return handler(args)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
         if os.environ.get("NCNNPORT_DEBUG"):
             raise

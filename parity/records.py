@@ -28,12 +28,14 @@ def stage_record(fixture: str, stage: str, reference: np.ndarray, candidate: np.
 
 def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int],
                  reference_logits: Sequence[np.ndarray] | None = None, *,
-                 stage: str = "tokens", min_tokens: int = 1, **extra: Any) -> dict[str, Any]:
+                 stage: str = "tokens", min_tokens: int = 1, logit_noise: float | None = None,
+                 **extra: Any) -> dict[str, Any]:
     """Greedy token sequences compared position by position.
 
     ``reference_logits[i]`` are the reference's logits at generated step i; at the first
-    mismatch their top-2 margin says whether it was a near-tie. Passing requires identical
-    sequences of at least ``min_tokens`` tokens.
+    mismatch their top-2 margin says whether it was a near-tie, judged against the run's
+    measured ``logit_noise`` (see parity.tokens). Passing requires identical sequences of at
+    least ``min_tokens`` tokens: a near-tie is reported as such but still fails the gate.
     """
     ref = [int(t) for t in reference]
     cand = [int(t) for t in candidate]
@@ -45,17 +47,22 @@ def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int
     margin = None
     if first is not None and reference_logits is not None and first < len(reference_logits):
         margin = top2_margin(reference_logits[first])
+    from ncnnport.parity.tokens import flip_verdict
+
+    verdict = flip_verdict(margin, logit_noise)
     passed = first is None and len(ref) >= min_tokens
     reason = ""
     if first is not None:
         reason = f"first mismatch at step {first}"
         if margin is not None:
-            reason += f" (reference top-2 margin {margin:.4g})"
+            reason += f" (reference top-2 margin {margin:.4g}"
+            reason += f", logit noise {logit_noise:.3g}: {verdict})" if verdict else ")"
     elif len(ref) < min_tokens:
         reason = f"only {len(ref)} tokens compared, gate needs {min_tokens}"
     rec: dict[str, Any] = {"fixture": fixture, "stage": stage, "kind": "tokens",
                            "tokens_compared": len(ref), "tokens_matched": matched,
                            "first_mismatch": first, "margin_at_mismatch": margin,
+                           "logit_noise": logit_noise, "verdict": verdict,
                            "reference_tokens": ref, "candidate_tokens": cand,
                            "passed": passed, "reason": reason}
     rec.update(extra)

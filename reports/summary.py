@@ -52,6 +52,11 @@ def gate_table(summary: dict[str, Any]) -> str:
         if r.get("kind") == "tokens":
             tokens = f"{r['tokens_matched']}/{r['tokens_compared']}"
             rows.append([r["fixture"], r["stage"], "-", None, None, None, None, tokens, r["passed"]])
+        elif r.get("kind") == "trace":
+            fd = r["first_divergence"]
+            where = "none" if fd is None else f"{fd['module']}#{fd['call']}"
+            rows.append([r["fixture"], r["stage"], r["calls_compared"], None, None, None, None,
+                         f"first divergence: {where}", r["passed"]])
         elif "max_abs" not in r:
             rows.append([r["fixture"], r["stage"], "-", None, None, None, None, r.get("reason") or "equal",
                          r["passed"]])
