@@ -91,6 +91,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             continue
         summary = read_json(path)
         write_report(summary, t.report_dir)
+        if args.compare:
+            from ncnnport.reports.compare import regressions
+            found = regressions(read_json(args.compare), summary)
+            print(f"\nregressions vs {args.compare}: {len(found)}")
+            for line in found:
+                print(f"  - {line}")
+            ok = ok and not found
         print(f"\n## {t.model}: {'PASSED' if summary['gates_passed'] else 'FAILED'}")
         print(gate_table(summary))
         print(f"report: {t.report_dir / 'report.md'}")
@@ -161,8 +168,12 @@ def cmd_test(args: argparse.Namespace, extra: Sequence[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ncnnport", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
-    for verb in ("export", "convert", "report"):
+    for verb in ("export", "convert"):
         _common(sub.add_parser(verb))
+    p = sub.add_parser("report", help="re-render the reports from summary.json; --compare flags regressions")
+    _common(p)
+    p.add_argument("--compare", type=Path, default=None, metavar="OLD_SUMMARY",
+                   help="an earlier summary.json of the same model: exit non-zero on regressions")
     p = sub.add_parser("parity", help="export + convert as needed, then local and e2e parity")
     _common(p)
     p.add_argument("--input", type=Path, action="append",

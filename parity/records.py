@@ -59,7 +59,9 @@ def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int
             reason += f", logit noise {logit_noise:.3g}: {verdict})" if verdict else ")"
     elif len(ref) < min_tokens:
         reason = f"only {len(ref)} tokens compared, gate needs {min_tokens}"
+    margins = [round(top2_margin(l), 6) for l in reference_logits] if reference_logits is not None else None
     rec: dict[str, Any] = {"fixture": fixture, "stage": stage, "kind": "tokens",
+                           "reference_margins": margins,
                            "tokens_compared": len(ref), "tokens_matched": matched,
                            "first_mismatch": first, "margin_at_mismatch": margin,
                            "logit_noise": logit_noise, "verdict": verdict,

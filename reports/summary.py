@@ -110,7 +110,12 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def write_report(summary: dict[str, Any], report_dir: Path) -> Path:
+    """summary.json, report.md, report.html (self-contained, with plots) and junit.xml."""
+    from ncnnport.reports import html, junit
+
     report_dir.mkdir(parents=True, exist_ok=True)
     write_json(report_dir / "summary.json", summary)
     atomic_write_text(report_dir / "report.md", markdown(summary))
+    atomic_write_text(report_dir / "report.html", html.render(summary))
+    atomic_write_text(report_dir / "junit.xml", junit.render(summary))
     return report_dir / "summary.json"

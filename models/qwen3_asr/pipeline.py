@@ -2,7 +2,8 @@
 
 Host work: mel chunking and cropping, attention windows, audio-embedding fusion at the audio
 placeholder positions, RoPE tables, masks, the KV cache and greedy selection. Graph work: the
-six modules of ``specs.module_specs``. Nothing here knows which backend runs the modules.
+modules of ``specs.module_specs`` (one graph per layer). Nothing here knows which backend runs
+the modules.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ncnnport.models.qwen3_asr.specs import layer_names
 from ncnnport.runtime import masks, rope, sampling
 from ncnnport.runtime.kv_cache import KVCache
 
@@ -36,11 +38,14 @@ class Qwen3ASRPipeline:
 
     def __init__(self, modules: Mapping[str, Any], dims: Mapping[str, Any], *, audio_token_id: int,
                  eos_ids: Sequence[int], n_window_infer: int) -> None:
-        missing = {"audio_conv", "audio_window", "embed", "prefill", "decode", "lm_head"} - set(modules)
+        self.d = dict(dims)
+        self.names = layer_names(self.d)
+        wanted = {"audio_conv", "audio_head", "embed", "lm_head", *self.names["audio"],
+                  *self.names["prefill"], *self.names["decode"]}
+        missing = wanted - set(modules)
         if missing:
             raise KeyError(f"qwen3-asr pipeline: modules missing: {sorted(missing)}")
         self.m = modules
-        self.d = dict(dims)
         self.audio_token_id = int(audio_token_id)
         self.eos_ids = {int(e) for e in eos_ids}
         self.window_chunks = n_window_infer // self.d["chunk_frames"]
@@ -74,9 +79,23 @@ class Qwen3ASRPipeline:
         window = max(lengths) * self.window_chunks
         outs = []
         for start in range(0, conv.shape[0], window):
-            (emb,) = self.m["audio_window"].run([np.ascontiguousarray(conv[None, start:start + window])])
+            x = np.ascontiguousarray(conv[None, start:start + window])
+            for name in self.names["audio"]:
+                (x,) = self.m[name].run([x])
+            (emb,) = self.m["audio_head"].run([x])
             outs.append(emb[0])
         return {"conv": conv, "audio_embeds": np.concatenate(outs, axis=0)}
+
+    def _layers(self, kind: str, h: np.ndarray, cos: np.ndarray, sin: np.ndarray, mask: np.ndarray,
+                cache: KVCache, added: int) -> np.ndarray:
+        past = cache.tensors if cache.tensors else None
+        new = []
+        for i, name in enumerate(self.names[kind]):
+            extra = [past[2 * i], past[2 * i + 1]] if past is not None else []
+            h, k, v = self.m[name].run([h, cos, sin, mask, *extra])
+            new += [k, v]
+        cache.set(new, added)
+        return h
 
     # --- text --------------------------------------------------------------------------------
     def embed_prompt(self, ids: np.ndarray, audio_embeds: np.ndarray) -> np.ndarray:
@@ -100,9 +119,10 @@ class Qwen3ASRPipeline:
 
     def generate(self, ids: np.ndarray, audio_embeds: np.ndarray, max_new_tokens: int,
                  keep_logits: bool = False, on_token: Callable[[int], None] | None = None,
-                 forced: Sequence[int] | None = None) -> Generation:
+                 forced: Sequence[int] | None = None, min_new_tokens: int = 0) -> Generation:
         """Greedy decode. ``forced`` feeds given tokens instead of the argmax (teacher forcing),
-        so logits can be compared along the reference's sequence."""
+        so logits can be compared along the reference's sequence. EOS is excluded from the
+        argmax for the first ``min_new_tokens`` steps, as transformers' min_new_tokens does."""
         emb = self.embed_prompt(ids, audio_embeds)
         s = emb.shape[1]
         if s + max_new_tokens > self.d["max_positions"]:
@@ -110,14 +130,18 @@ class Qwen3ASRPipeline:
                              f"max positions ({self.d['max_positions']})")
         cache = KVCache(2 * self.d["layers"], owner="qwen3-asr decoder")
         cos, sin = self._tables(0, s)
-        hidden, *kv = self.m["prefill"].run([emb, cos, sin, masks.causal(s)])
-        cache.set(kv, s)
+        hidden = self._layers("prefill", emb, cos, sin, masks.causal(s), cache, s)
         logits = self._logits(hidden[0, -1])
         gen = Generation(tokens=[], prefill_logits=logits.copy())
         for step in range(max_new_tokens):
             if keep_logits:
                 gen.step_logits.append(logits.copy())
-            token = sampling.greedy(logits) if forced is None else int(forced[step])
+            if forced is not None:
+                token = int(forced[step])
+            elif step < min_new_tokens:
+                token = sampling.greedy(sampling.suppress(logits, self.eos_ids))
+            else:
+                token = sampling.greedy(logits)
             gen.tokens.append(token)
             if on_token is not None:
                 on_token(token)
@@ -129,7 +153,6 @@ class Qwen3ASRPipeline:
             (tok_emb,) = self.m["embed"].run([np.array([[token]], dtype=np.int32)])
             pos = cache.length
             cos, sin = self._tables(pos, 1)
-            hidden, *kv = self.m["decode"].run([tok_emb, cos, sin, masks.causal(1, pos), *cache.inputs()])
-            cache.set(kv, 1)
+            hidden = self._layers("decode", tok_emb, cos, sin, masks.causal(1, pos), cache, 1)
             logits = self._logits(hidden[0, -1])
         return gen

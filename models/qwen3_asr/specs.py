@@ -25,6 +25,7 @@ def dims(model) -> dict[str, int]:
         "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads,
         "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
         "vocab": t.vocab_size, "max_positions": t.max_position_embeddings,
+        "audio_layers": a.encoder_layers,
         "rope_theta": float(t.rope_parameters["rope_theta"]),
     }
 
@@ -46,19 +47,19 @@ def _prefill_inputs(d: Mapping[str, int]):
     def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
         s = sizes["seq"]
         cos, sin = _rope_inputs(d, 0, s)
-        emb = rng.standard_normal((1, s, d["hidden"])).astype(np.float32)
-        return [emb, cos, sin, masks.causal(s)]
+        h = rng.standard_normal((1, s, d["hidden"])).astype(np.float32)
+        return [h, cos, sin, masks.causal(s)]
     return make
 
 
-def _decode_inputs(d: Mapping[str, int]):
+def _decode_inputs(d: Mapping[str, int], layers: int = 1):
     def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
         p = sizes["past"]
         cos, sin = _rope_inputs(d, p, 1)
-        emb = rng.standard_normal((1, 1, d["hidden"])).astype(np.float32)
+        h = rng.standard_normal((1, 1, d["hidden"])).astype(np.float32)
         past = [rng.standard_normal((1, d["kv_heads"], p, d["head_dim"])).astype(np.float32)
-                for _ in range(2 * d["layers"])]
-        return [emb, cos, sin, masks.causal(1, p), *past]
+                for _ in range(2 * layers)]
+        return [h, cos, sin, masks.causal(1, p), *past]
     return make
 
 
@@ -68,52 +69,71 @@ def _ids_inputs(d: Mapping[str, int]):
     return make
 
 
-def decode_inputs_for(d: Mapping[str, int]):
-    return _decode_inputs(d)
+def layer_names(d: Mapping[str, int]) -> dict[str, list[str]]:
+    """Graph names per layer, in execution order (the runtime and the parity report use them)."""
+    return {
+        "audio": [f"audio_layer{i}" for i in range(d["audio_layers"])],
+        "prefill": [f"prefill_layer{i}" for i in range(d["layers"])],
+        "decode": [f"decode_layer{i}" for i in range(d["layers"])],
+    }
 
 
 def module_specs(model) -> list[ModuleSpec]:
     d = dims(model)
     m = model.model
-    L = d["layers"]
-    hd = d["head_dim"]
-    return [
+    tower, lm = m.audio_tower, m.language_model
+    H, hd, kv = d["hidden"], d["head_dim"], d["kv_heads"]
+    names = layer_names(d)
+    out = [
         ModuleSpec(
-            "audio_conv", build=lambda: wrappers.AudioConv(m.audio_tower, d["chunk_frames"]).eval(),
+            "audio_conv", build=lambda: wrappers.AudioConv(tower, d["chunk_frames"]).eval(),
             inputs=[TensorSpec("mel", (1, 1, d["mel_bins"], d["chunk_frames"]))],
             outputs=[TensorSpec("conv", (1, "steps", d["d_model"]))],
             notes="static: one 2*n_window-frame mel chunk; the host crops the partial last chunk"),
-        ModuleSpec(
-            "audio_window", build=lambda: wrappers.AudioWindow(m.audio_tower, m.multi_modal_projector).eval(),
-            inputs=[TensorSpec("frames", (1, "tokens", d["d_model"]))],
-            outputs=[TensorSpec("audio_embeds", (1, "tokens", d["audio_out"]))],
-            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}, {"tokens": 57}],
-            notes="one attention window (full attention inside it) + ln_post + projector"),
-        ModuleSpec(
-            "embed", build=lambda: wrappers.TokenEmbed(m.language_model.embed_tokens).eval(),
-            inputs=[TensorSpec("ids", (1, "seq"), "int32")],
-            outputs=[TensorSpec("emb", (1, "seq", d["hidden"]))],
-            axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}]),
-        ModuleSpec(
-            "prefill", build=lambda: wrappers.TextPrefill(m.language_model).eval(),
-            inputs=[TensorSpec("emb", (1, "seq", d["hidden"])), TensorSpec("cos", (1, "seq", hd)),
-                    TensorSpec("sin", (1, "seq", hd)), TensorSpec("mask", (1, "seq", "seq"))],
-            outputs=[TensorSpec("hidden", (1, "seq", d["hidden"])), *kv_specs(d, "seq", "")],
-            axes={"seq": PREFILL_TRACE}, make_inputs=_prefill_inputs(d),
-            parity_sizes=[{"seq": 1}, {"seq": 64}]),
-        ModuleSpec(
-            "decode", build=lambda: wrappers.TextDecode(m.language_model).eval(),
-            inputs=[TensorSpec("emb", (1, 1, d["hidden"])), TensorSpec("cos", (1, 1, hd)),
-                    TensorSpec("sin", (1, 1, hd)), TensorSpec("mask", (1, 1, "past+1")),
-                    *kv_specs(d, "past", "past_")],
-            outputs=[TensorSpec("hidden", (1, 1, d["hidden"])), *kv_specs(d, "past+1", "")],
-            axes={"past": DECODE_TRACE}, make_inputs=_decode_inputs(d),
-            parity_sizes=[{"past": 1}, {"past": 77}]),
-        ModuleSpec(
-            "lm_head", build=lambda: wrappers.LmHead(model.lm_head).eval(),
-            inputs=[TensorSpec("hidden", (1, 1, d["hidden"]))],
-            outputs=[TensorSpec("logits", (1, 1, d["vocab"]))]),
     ]
+    for i, name in enumerate(names["audio"]):
+        out.append(ModuleSpec(
+            name, build=lambda i=i: wrappers.AudioLayer(tower.layers[i]).eval(),
+            inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
+            outputs=[TensorSpec("y", (1, "tokens", d["d_model"]))],
+            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}, {"tokens": 57}],
+            notes="one encoder layer over one attention window (full attention inside it)"))
+    out += [
+        ModuleSpec(
+            "audio_head", build=lambda: wrappers.AudioHead(tower, m.multi_modal_projector).eval(),
+            inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
+            outputs=[TensorSpec("audio_embeds", (1, "tokens", d["audio_out"]))],
+            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}]),
+        ModuleSpec(
+            "embed", build=lambda: wrappers.TokenEmbed(lm.embed_tokens).eval(),
+            inputs=[TensorSpec("ids", (1, "seq"), "int32")],
+            outputs=[TensorSpec("emb", (1, "seq", H))],
+            axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}]),
+    ]
+    for i, name in enumerate(names["prefill"]):
+        out.append(ModuleSpec(
+            name, build=lambda i=i: wrappers.TextPrefillLayer(lm, i).eval(),
+            inputs=[TensorSpec("h", (1, "seq", H)), TensorSpec("cos", (1, "seq", hd)),
+                    TensorSpec("sin", (1, "seq", hd)), TensorSpec("mask", (1, "seq", "seq"))],
+            outputs=[TensorSpec("h_out", (1, "seq", H)), TensorSpec("k", (1, kv, "seq", hd)),
+                     TensorSpec("v", (1, kv, "seq", hd))],
+            axes={"seq": PREFILL_TRACE}, make_inputs=_prefill_inputs(d),
+            parity_sizes=[{"seq": 1}, {"seq": 64}]))
+    for i, name in enumerate(names["decode"]):
+        out.append(ModuleSpec(
+            name, build=lambda i=i: wrappers.TextDecodeLayer(lm, i).eval(),
+            inputs=[TensorSpec("h", (1, 1, H)), TensorSpec("cos", (1, 1, hd)), TensorSpec("sin", (1, 1, hd)),
+                    TensorSpec("mask", (1, 1, "past+1")), TensorSpec("past_k", (1, kv, "past", hd)),
+                    TensorSpec("past_v", (1, kv, "past", hd))],
+            outputs=[TensorSpec("h_out", (1, 1, H)), TensorSpec("k", (1, kv, "past+1", hd)),
+                     TensorSpec("v", (1, kv, "past+1", hd))],
+            axes={"past": DECODE_TRACE}, make_inputs=_decode_inputs(d),
+            parity_sizes=[{"past": 1}, {"past": 77}]))
+    out.append(ModuleSpec(
+        "lm_head", build=lambda: wrappers.LmHead(lm.norm, model.lm_head).eval(),
+        inputs=[TensorSpec("h", (1, 1, H))], outputs=[TensorSpec("logits", (1, 1, d["vocab"]))],
+        notes="final RMSNorm + tied head on the last row only"))
+    return out
 
 
 def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
@@ -132,7 +152,7 @@ def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
                 TensorSpec("sin", (1, 1, d["head_dim"])), TensorSpec("mask", (1, 1, "past+1")),
                 *kv_specs(d, "past", "past_")],
         outputs=[TensorSpec("hidden", (1, 1, d["hidden"])), *kv_specs(d, "past+1", "")],
-        axes={"past": (past, None)}, make_inputs=_decode_inputs(d),
+        axes={"past": (past, None)}, make_inputs=_decode_inputs(d, d["layers"]),
         parity_sizes=[{"past": past + 6}, {"past": 3}],
         patches=[patch] if patched else [],
         single_size_reason="reproduces the public ports' single-length decode trace")

@@ -5,10 +5,12 @@ shape-dependent splitting (done on the host), HF ``repeat_kv`` (replaced by SDPA
 ``enable_gqa``), masks and RoPE tables (graph inputs). Every tensor keeps a leading batch of 1.
 
 Split (why): the audio conv runs on fixed 100-frame mel chunks exactly as HF chunks them, so the
-graph is static and the host crops the partial last chunk; the audio transformer runs once per
+graph is static and the host crops the partial last chunk; each audio layer runs once per
 attention window (HF's attention is block-diagonal over windows, so per-window calls need no
-mask); the text decoder is one prefill graph (all layers, K/V out) and one decode graph (K/V in
-and out, ``torch.cat`` inside -> ncnn Concat); the lm_head projects only the last row.
+mask); the text decoder is one prefill graph and one decode graph PER LAYER (K/V in and out,
+``torch.cat`` inside -> ncnn Concat); final norm + lm_head project only the last row. One graph
+per layer keeps export memory bounded by one layer, lets parity name the first diverging layer,
+and lets the runtime stream layers in and out of memory.
 """
 
 from __future__ import annotations
@@ -45,28 +47,39 @@ class AudioConv(nn.Module):
         return self.conv_out(h) + self.positions
 
 
-class AudioWindow(nn.Module):
-    """One attention window of the audio encoder + ``ln_post`` + projector: ``[1,L,d] -> [1,L,out]``."""
+class AudioLayer(nn.Module):
+    """One audio encoder layer over one attention window: ``[1,L,d] -> [1,L,d]``.
+
+    HF's attention is block-diagonal over windows, so calling the layer per window needs no mask.
+    """
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+        attn = layer.self_attn
+        self.heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer, attn = self.layer, self.layer.self_attn
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(1, -1, self.heads, self.head_dim).transpose(1, 2)
+        h = layer.self_attn_layer_norm(x)
+        o = F.scaled_dot_product_attention(heads(attn.q_proj(h)), heads(attn.k_proj(h)), heads(attn.v_proj(h)),
+                                           scale=self.scale)
+        x = x + attn.out_proj(o.transpose(1, 2).reshape(1, -1, self.heads * self.head_dim))
+        return x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+
+
+class AudioHead(nn.Module):
+    """``ln_post`` + the multimodal projector: ``[1,L,d] -> [1,L,out]`` (per token)."""
 
     def __init__(self, tower: nn.Module, projector: nn.Module) -> None:
         super().__init__()
-        self.layers = tower.layers
         self.ln_post = tower.ln_post
         self.projector = projector
-        attn = tower.layers[0].self_attn
-        self.heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scaling
-
-    def _attention(self, attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-        q, k, v = heads(attn.q_proj(x)), heads(attn.k_proj(x)), heads(attn.v_proj(x))
-        o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return attn.out_proj(o.transpose(1, 2).reshape(1, -1, self.heads * self.head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + self._attention(layer.self_attn, layer.self_attn_layer_norm(x))
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.projector(self.ln_post(x))
 
 
@@ -82,12 +95,11 @@ class TokenEmbed(nn.Module):
 
 
 class _DecoderStack(nn.Module):
-    """Shared layer math for prefill and decode (Qwen3: per-head q/k RMSNorm, GQA, RoPE, SwiGLU)."""
+    """Shared layer math (Qwen3: per-head q/k RMSNorm, GQA, RoPE, SwiGLU) over a text model."""
 
     def __init__(self, text_model: nn.Module) -> None:
         super().__init__()
         self.layers = text_model.layers
-        self.norm = text_model.norm
         attn = text_model.layers[0].self_attn
         cfg = text_model.config
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -114,28 +126,23 @@ class _DecoderStack(nn.Module):
         return h, k, v
 
 
-class TextPrefill(_DecoderStack):
-    """``(emb [1,S,H], cos/sin [1,S,hd], mask [1,S,S])`` -> normed hidden + K/V of every layer."""
+class TextPrefillLayer(_DecoderStack):
+    """Layer ``index`` over the prompt: ``(h [1,S,H], cos/sin [1,S,hd], mask [1,S,S])`` ->
+    ``(h, k, v)`` with K/V ``[1,kv_heads,S,hd]`` for the cache."""
 
-    def forward(self, emb, cos, sin, mask):
-        h = emb
-        caches = []
-        for i in range(len(self.layers)):
-            h, k, v = self.layer(i, h, cos, sin, mask)
-            caches += [k, v]
-        return (self.norm(h), *caches)
+    def __init__(self, text_model: nn.Module, index: int) -> None:
+        super().__init__(text_model)
+        self.index = index
+
+    def forward(self, h, cos, sin, mask):
+        return self.layer(self.index, h, cos, sin, mask)
 
 
-class TextDecode(_DecoderStack):
-    """One token with explicit past K/V: ``(emb [1,1,H], cos, sin, mask [1,1,P+1], k0, v0, ...)``."""
+class TextDecodeLayer(TextPrefillLayer):
+    """Layer ``index`` for one token with its explicit past K/V (``torch.cat`` -> ncnn Concat)."""
 
-    def forward(self, emb, cos, sin, mask, *past):
-        h = emb
-        caches = []
-        for i in range(len(self.layers)):
-            h, k, v = self.layer(i, h, cos, sin, mask, past[2 * i], past[2 * i + 1])
-            caches += [k, v]
-        return (self.norm(h), *caches)
+    def forward(self, h, cos, sin, mask, past_k, past_v):
+        return self.layer(self.index, h, cos, sin, mask, past_k, past_v)
 
 
 class StaticReshapeDecode(_DecoderStack):
@@ -166,15 +173,16 @@ class StaticReshapeDecode(_DecoderStack):
             o = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask.unsqueeze(1), scale=self.scale)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(1, -1, self.n_heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return (self.norm(h), *outs)
+        return (h, *outs)
 
 
 class LmHead(nn.Module):
-    """Normed last hidden row ``[1,1,H]`` -> logits ``[1,1,V]`` (tied to the embedding)."""
+    """Final RMSNorm + head on the last hidden row only: ``[1,1,H]`` -> ``[1,1,V]``."""
 
-    def __init__(self, lm_head: nn.Linear) -> None:
+    def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()
+        self.norm = norm
         self.lm_head = lm_head
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
+        return self.lm_head(self.norm(h))

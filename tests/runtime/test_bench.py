@@ -11,10 +11,13 @@ class GrowingCacheDouble:
     """A 'session' that keeps every input it saw (a per-op cache never cleared) and scans it."""
 
     def __init__(self) -> None:
-        self.kept: list[np.ndarray] = []
+        self.kept: list = []
 
     def __call__(self):
-        self.kept.append(np.ones(256 * 1024, np.float32))  # 1 MiB per call
+        import mmap
+        page = mmap.mmap(-1, 1 << 20)   # fresh pages every call: malloc cannot recycle them
+        page.write(b"\x01" * (1 << 20))
+        self.kept.append(page)  # 1 MiB per call
         t = time.perf_counter()
         while time.perf_counter() - t < 2e-5 * len(self.kept):  # work grows with the cache
             pass

@@ -1,0 +1,173 @@
+"""Qwen3-ASR behind the ModelPort hooks: load, split, end-to-end parity and the run command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncnnport.parity.local import recorded_parity
+from ncnnport.parity.records import stage_record, token_record
+from ncnnport.parity.tokens import teacher_forced_stats
+from ncnnport.registry import E2EContext, LoadedModel, ModelPort
+from ncnnport.runtime.recording import RecordingRunner
+
+
+class Qwen3ASRPort(ModelPort):
+    name = "qwen3-asr"
+    presets = ("tiny",)
+
+    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
+        from ncnnport.models.qwen3_asr.checkpoint import load_checkpoint
+        from ncnnport.models.qwen3_asr.presets import preset_folder
+
+        folder = Path(ckpt) if ckpt is not None else preset_folder(preset)
+        model, processor = load_checkpoint(folder)
+        return LoadedModel(self.name, preset, ckpt, config=model.config.to_dict(), reference=model,
+                           assets={"processor": folder}, extra={"processor": processor})
+
+    def module_specs(self, loaded: LoadedModel):
+        from ncnnport.models.qwen3_asr.specs import module_specs
+        return module_specs(loaded.reference)
+
+    # --- parity ------------------------------------------------------------------------------
+    def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
+        import torch
+
+        from ncnnport.models.qwen3_asr.audio import read_audio
+        from ncnnport.models.qwen3_asr.fixtures import FIXTURES, synth_speechlike
+        from ncnnport.models.qwen3_asr.reference import greedy_generate
+        from ncnnport.models.qwen3_asr.runtime import make_pipeline, transcribe
+
+        model = ctx.loaded.reference
+        processor = ctx.loaded.extra["processor"]
+        policy, prec = ctx.policy, ctx.precision
+        n_tokens = int(policy.number("min_tokens", 64, prec))
+        ncnn_pipe = make_pipeline(ctx.ncnn_modules, model)
+        recorders = {n: RecordingRunner(r, limit=8) for n, r in ctx.torch_modules.items()}
+        torch_pipe = make_pipeline(recorders, model)
+
+        cases: list[tuple[str, np.ndarray, float | None]] = [
+            (name, synth_speechlike(fx["seconds"], fx["seed"]), fx["max_seconds"]) for name, fx in FIXTURES.items()]
+        cases += [(f"input:{Path(p).name}", read_audio(p), None) for p in ctx.user_inputs]
+
+        records: list[dict[str, Any]] = []
+        trace_fixture = cases[0][0]
+        for fixture, wave, limit in cases:
+            kw = {"max_chunk_seconds": limit} if limit else {}
+            ours = transcribe(ncnn_pipe, processor, wave, max_new_tokens=n_tokens, min_new_tokens=n_tokens,
+                              keep_logits=True, **kw)
+            wrapped = transcribe(torch_pipe, processor, wave, max_new_tokens=n_tokens,
+                                 min_new_tokens=n_tokens, **kw)
+            for i, (run, wrun) in enumerate(zip(ours.chunks, wrapped.chunks)):
+                label = fixture if len(ours.chunks) == 1 else f"{fixture}[{i}]"
+                from ncnnport.models.qwen3_asr.prompt import build_prompt
+                prompt = build_prompt(processor, run.chunk.samples)
+                records.append(self._log_mel_record(label, prompt, run, processor, policy, prec))
+                with torch.no_grad():
+                    ref_enc = model.model.get_audio_features(
+                        input_features=torch.from_numpy(prompt.input_features),
+                        input_features_mask=torch.from_numpy(prompt.input_features_mask).long(),
+                    ).pooler_output.float().numpy()
+                records.append(stage_record(label, "audio_embeds", ref_enc, run.encoded["audio_embeds"],
+                                            policy.stage("audio_embeds", prec),
+                                            windows=int(np.ceil(run.encoded["conv"].shape[0] / (13 * ncnn_pipe.window_chunks)))))
+                ref_ids, ref_logits = greedy_generate(model, prompt, n_tokens, min_new_tokens=n_tokens)
+                records.append(stage_record(label, "prefill_logits", ref_logits[0], run.generation.prefill_logits,
+                                            policy.stage("logits", prec)))
+                forced = ncnn_pipe.generate(run.input_ids, run.encoded["audio_embeds"], len(ref_ids),
+                                            keep_logits=True, forced=ref_ids)
+                tf = teacher_forced_stats(list(ref_logits), forced.step_logits)
+                records.append(token_record(label, ref_ids, run.generation.tokens, list(ref_logits),
+                                            min_tokens=n_tokens, logit_noise=tf["logit_noise"],
+                                            teacher_forced=tf))
+                if fixture == trace_fixture and i == 0:
+                    records.append(self._trace(label, model, run, ref_ids, ctx))
+                records.append(token_record(label, ref_ids, wrun.generation.tokens, list(ref_logits),
+                                            stage="tokens (torch wrappers)", min_tokens=n_tokens))
+            records.append({"fixture": fixture, "stage": "transcript", "kind": "text",
+                            "chunks": len(ours.chunks), "seconds": round(len(wave) / 16000, 2),
+                            "ncnn_text": ours.text[:200], "wrapper_text": wrapped.text[:200],
+                            "passed": ours.text == wrapped.text and ours.language == wrapped.language,
+                            "reason": "" if ours.text == wrapped.text else "transcripts differ"})
+        default = policy.default(prec)
+        for name, rec in recorders.items():
+            spec_tols = {"*": default}
+            for row in recorded_parity(name, rec.calls, ctx.ncnn_modules[name], spec_tols, default,
+                                       case_prefix="recorded"):
+                records.append({**row, "kind": "local"})
+        return records
+
+    @staticmethod
+    def _trace(label: str, model: Any, run: Any, forced: list[int], ctx: E2EContext) -> dict[str, Any]:
+        """Call-by-call first-divergence trace of one chunk, teacher-forced on the reference."""
+        from ncnnport.models.qwen3_asr.runtime import make_pipeline
+        from ncnnport.parity.trace import first_divergence
+
+        def pipeline_run(modules):
+            pipe = make_pipeline(modules, model)
+            enc = pipe.encode(run.features, run.mask)
+            pipe.generate(run.input_ids, enc["audio_embeds"], len(forced), forced=forced)
+
+        default = ctx.policy.default(ctx.precision)
+        tols = {n: ctx.policy.module(n, ctx.precision) for n in ctx.ncnn_modules}
+        return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
+                                lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
+                                keep_dir=ctx.package_dir.parent / "trace")
+
+    @staticmethod
+    def _log_mel_record(label, prompt, run, processor, policy, prec) -> dict[str, Any]:
+        """numpy log-mel vs HF, gated at max(policy floor, 1.1 x HF's own float32 noise)."""
+        import dataclasses
+
+        from ncnnport.models.qwen3_asr.features import pad_to_min_length
+        from ncnnport.models.qwen3_asr.mel_reference import hf_float32_noise
+
+        base = policy.stage("log_mel", prec)
+        noise = hf_float32_noise(prompt.input_features, prompt.input_features_mask,
+                                 pad_to_min_length(run.chunk.samples), processor.feature_extractor.mel_filters)
+        tol = dataclasses.replace(base, max_abs_floor=max(base.max_abs_floor, 1.1 * noise))
+        return stage_record(label, "log_mel", prompt.input_features, run.features, tol,
+                            hf_float32_noise=noise, policy_floor=base.max_abs_floor)
+
+    # --- bench -------------------------------------------------------------------------------
+    def bench_stages(self) -> dict[str, list[str]]:
+        from ncnnport.models.qwen3_asr.bench import STAGES
+        return STAGES
+
+    def bench_call(self, loaded: LoadedModel, modules, stage: str, size: str):
+        from ncnnport.models.qwen3_asr.bench import ncnn_call
+        return ncnn_call(loaded.reference, modules, stage, size)
+
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str):
+        from ncnnport.models.qwen3_asr.bench import torch_decode_call
+        if stage != "decode":
+            return None
+        return torch_decode_call(loaded.reference, int(size))
+
+    # --- run ---------------------------------------------------------------------------------
+    def add_run_arguments(self, parser) -> None:
+        parser.add_argument("--audio", type=Path, required=True, help="wav/flac/ogg at any rate and channels")
+        parser.add_argument("--language", default=None, help="force a language (e.g. English or en)")
+        parser.add_argument("--max-new-tokens", type=int, default=256)
+        parser.add_argument("--max-chunk-seconds", type=float, default=None,
+                            help="one-pass limit before the quiet-spot cut rule (default: official 1200 s)")
+
+    def run(self, loaded: LoadedModel, modules, args) -> int:
+        from ncnnport.models.qwen3_asr.audio import read_audio
+        from ncnnport.models.qwen3_asr.runtime import make_pipeline, transcribe
+
+        wave = read_audio(args.audio)
+        kw = {"max_chunk_seconds": args.max_chunk_seconds} if args.max_chunk_seconds else {}
+        pipe = make_pipeline(modules, loaded.reference)
+        result = transcribe(pipe, loaded.extra["processor"], wave, language=args.language,
+                            max_new_tokens=args.max_new_tokens, **kw)
+        print(f"language: {result.language}")
+        print(f"text: {result.text}")
+        sys.stdout.flush()
+        return 0
+
+
+PORT = Qwen3ASRPort()

@@ -1,0 +1,201 @@
+"""The Qwen3-ASR port end to end: export, convert, local + e2e parity, run, check, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from ncnnport.targets import Target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    from ncnnport.stages import convert_stage, prepare
+
+    root = tmp_path_factory.mktemp("build")
+    prep = prepare(Target("qwen3-asr", "tiny", None, root))
+    pkg = convert_stage(prep)
+    return prep, pkg
+
+
+@pytest.fixture(scope="session")
+def summary(built):
+    from ncnnport.parity.run import run_parity
+    prep, pkg = built
+    return run_parity(prep, pkg)
+
+
+def test_every_local_and_e2e_gate_passes(summary):
+    failed = [r for r in summary["modules"] + summary["e2e"] if not r["passed"]]
+    assert not failed, failed[:3]
+    assert summary["gates_passed"]
+    cases = {r["name"]: set() for r in summary["modules"]}
+    for r in summary["modules"]:
+        cases[r["name"]].add(r["case"])
+    for name in ("audio_layer0", "prefill_layer1", "decode_layer0", "embed"):
+        synthetic = {c for c in cases[name] if not c.startswith("recorded")}
+        assert len(synthetic) >= 2, (name, cases[name])   # >= 2 sizes of the dynamic axis
+
+
+def test_tokens_match_transformers_generate_for_64_tokens_on_every_fixture(summary):
+    toks = [r for r in summary["e2e"] if r["kind"] == "tokens" and r["stage"] == "tokens"]
+    fixtures = {r["fixture"].split("[")[0] for r in toks}
+    assert {"speech_2s", "speech_12s", "speech_65s", "speech_65s_cut25"} <= fixtures
+    for r in toks:
+        assert r["tokens_compared"] >= 64 and r["tokens_matched"] == r["tokens_compared"], r["fixture"]
+        assert len(set(r["reference_tokens"])) > 8, "tiny preset degenerated to repeated tokens"
+    cut = [r for r in toks if r["fixture"].startswith("speech_65s_cut25[")]
+    assert len(cut) == 3  # 65 s at a 25 s limit: the cut rule made three chunks
+
+
+def test_windows_and_log_mel_are_measured(summary):
+    stages = {(r["fixture"], r["stage"]): r for r in summary["e2e"]}
+    assert stages[("speech_65s", "audio_embeds")]["windows"] >= 6
+    mel = stages[("speech_2s", "log_mel")]
+    assert mel["max_abs"] <= max(1e-5, 1.1 * mel["hf_float32_noise"])
+
+
+def test_manifest_records_versions_commands_and_check_catches_tampering(built, tmp_path):
+    import shutil
+
+    from ncnnport.convert.manifest import check_package
+    from ncnnport.stages import open_ncnn_modules
+
+    _, pkg = built
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    assert manifest["versions"]["pnnx"] == "20261020"
+    assert all("fp16=0" in c["command"] for c in manifest["pnnx_commands"])
+    assert check_package(pkg) == []
+    copy = tmp_path / "pkg"
+    shutil.copytree(pkg, copy)
+    param = copy / "ncnn" / "decode_layer0.ncnn.param"
+    param.write_text(param.read_text().replace("Concat", "Concat ", 1))
+    assert any("decode_layer0.ncnn.param" in p for p in check_package(copy))
+    with pytest.raises(RuntimeError, match="does not match its manifest"):
+        open_ncnn_modules(copy)
+
+
+def test_static_decode_trace_needs_the_reshape_patch(built, tmp_path):
+    """A decode graph traced at ONE cache length with HF repeat_kv (as public ports did) fails at
+    other lengths; the declarative Reshape -> -1 patch makes it pass everywhere."""
+    from ncnnport.contract import Tolerance
+    from ncnnport.convert.pnnx_runner import convert_module
+    from ncnnport.export.tracing import export_module
+    from ncnnport.models.qwen3_asr.specs import static_reshape_decode_spec
+    from ncnnport.parity.local import local_parity
+    from ncnnport.runtime.session import NcnnModule, TorchModule
+
+    prep, _ = built
+    model = prep.loaded.reference
+    results = {}
+    for patched in (False, True):
+        spec = static_reshape_decode_spec(model, past=12, patched=patched)
+        out = tmp_path / ("patched" if patched else "plain")
+        rec = export_module(spec, out)
+        receipt = convert_module(rec, out / rec["torchscript"], out)
+        mod = NcnnModule(out / "decode_static.ncnn.param", out / "decode_static.ncnn.bin", rec)
+        rows = local_parity(spec, TorchModule(spec.build(), rec), mod, Tolerance())
+        results[patched] = {r["case"]: r["passed"] for r in rows if r["output"] == "hidden"}
+        if patched:
+            assert len(receipt["patches"][0]["changed"]) == 2 * 2  # k and v of both layers
+    assert results[False]["past=12"] and not results[False]["past=18"] and not results[False]["past=3"]
+    assert all(results[True].values()), results[True]
+
+
+def test_run_cli_transcribes_a_stereo_8khz_float_file(built, tmp_path):
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+
+    wave = synth_speechlike(3.0, seed=7)
+    stereo8k = np.stack([wave[::2], wave[::2] * 0.5], axis=1).astype(np.float32)
+    path = tmp_path / "clip.wav"
+    sf.write(path, stereo8k, 8000, subtype="FLOAT")
+    prep, _ = built
+    out = subprocess.run([sys.executable, "-m", "ncnnport.cli", "run", "qwen3-asr", "--build-dir",
+                          str(prep.target.build_root), "--audio", str(path), "--max-new-tokens", "12"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "language:" in out.stdout and "text:" in out.stdout
+
+
+@pytest.mark.parametrize("content,match", [(None, "not found|does not exist|No such"),
+                                           (b"not audio at all" * 10, "audio"),])
+def test_run_cli_bad_audio_is_a_clear_error(built, tmp_path, content, match):
+    prep, _ = built
+    path = tmp_path / "bad.wav"
+    if content is not None:
+        path.write_bytes(content)
+    out = subprocess.run([sys.executable, "-m", "ncnnport.cli", "run", "qwen3-asr", "--build-dir",
+                          str(prep.target.build_root), "--audio", str(path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "bad.wav" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_prompt_past_max_positions_is_refused(built):
+    from ncnnport.models.qwen3_asr.runtime import make_pipeline
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    pipe = make_pipeline(open_ncnn_modules(pkg), prep.loaded.reference)
+    ids = np.zeros(10, np.int32)
+    with pytest.raises(ValueError, match="max positions"):
+        pipe.generate(ids, np.zeros((0, 96), np.float32), max_new_tokens=pipe.d["max_positions"])
+
+
+def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built, tmp_path):
+    """A test double: prefill_layer1's ncnn weights scaled by 1.001. Local parity must fail for
+    that module only, and the first-divergence trace must name it."""
+    import shutil
+
+    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.fsutil import read_json
+    from ncnnport.models.qwen3_asr.features import extract_features
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+    from ncnnport.models.qwen3_asr.port import PORT
+    from ncnnport.models.qwen3_asr.prompt import build_prompt
+    from ncnnport.models.qwen3_asr.reference import greedy_generate
+    from ncnnport.models.qwen3_asr.runtime import ChunkRun
+    from ncnnport.models.qwen3_asr.chunking import split_audio
+    from ncnnport.parity.local import local_parity
+    from ncnnport.registry import E2EContext
+    from ncnnport.stages import open_ncnn_modules, torch_modules
+
+    prep, pkg = built
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    weights = bad / "ncnn" / "prefill_layer1.ncnn.bin"
+    data = np.fromfile(weights, dtype=np.float32)
+    (data * np.float32(1.001)).astype(np.float32).tofile(weights)
+    m = read_json(pkg / "manifest.json")
+    write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
+                   build_key=m["build_key"], commands=m["pnnx_commands"])
+    ncnn_mods = open_ncnn_modules(bad)
+    torch_mods = torch_modules(prep)
+
+    default = prep.policy.default()
+    verdicts = {s.name: all(r["passed"] for r in local_parity(s, torch_mods[s.name], ncnn_mods[s.name], default))
+                for s in prep.specs if s.name.startswith(("prefill", "decode", "audio_layer"))}
+    assert not verdicts["prefill_layer1"]
+    assert all(v for k, v in verdicts.items() if k != "prefill_layer1"), verdicts
+
+    wave = synth_speechlike(2.0, seed=1)
+    chunk = split_audio(wave)[0]
+    processor = prep.loaded.extra["processor"]
+    prompt = build_prompt(processor, chunk.samples)
+    feats = extract_features(chunk.samples)
+    ref_ids, _ = greedy_generate(prep.loaded.reference, prompt, 8, min_new_tokens=8)
+    run = ChunkRun(chunk, prompt.input_ids, feats.features, feats.mask, {}, None, None)
+    ctx = E2EContext(prep.loaded, ncnn_mods, torch_mods, bad, prep.policy)
+    trace = PORT._trace("perturbed", prep.loaded.reference, run, ref_ids, ctx)
+    assert not trace["passed"]
+    assert trace["first_divergence"]["module"] == "prefill_layer1"
+    by_module = {m["module"]: m for m in trace["modules"]}
+    assert by_module["prefill_layer1"]["local_max_abs"] > 10 * by_module["prefill_layer0"]["local_max_abs"]
+    assert trace["worst_tensors"] and (tmp_path / "trace").is_dir()
