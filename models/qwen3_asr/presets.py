@@ -39,6 +39,7 @@ from transformers import (
     Qwen3ASRProcessor,
 )
 
+from ncnnport.paths import preset_cache_root
 from ncnnport.tiny_tokenizer import build_tiny_tokenizer
 
 PRESETS: tuple[str, ...] = ("tiny", "real")
@@ -249,8 +250,7 @@ def build_tiny_processor(save_dir: str | Path | None = None) -> Qwen3ASRProcesso
 
 
 def _cache_root() -> Path:
-    env = os.environ.get("NCNNPORT_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "ncnnport"
+    return preset_cache_root()
 
 
 def preset_fingerprint(name: str) -> str:

@@ -1,0 +1,1 @@
+"""Youtu-VL-4B-Instruct port: PyTorch reference from the spec, export split, host pipeline, ModelPort."""

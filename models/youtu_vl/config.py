@@ -224,12 +224,21 @@ def tiny_config() -> YoutuVLConfig:
     return YoutuVLConfig(vision=vision, text=text)
 
 
+def mid_config() -> YoutuVLConfig:
+    """Real widths (vision 1152/16 heads/head_dim 72, LLM 2560 with real MLA ranks) but few layers:
+    checks the real head dims and RoPE sizes in ncnn without a 4B checkpoint (manual runs only)."""
+    real = YoutuVLConfig()
+    vision = dataclasses.replace(real.vision, num_hidden_layers=4, fullatt_block_indexes=(1, 3))
+    text = dataclasses.replace(real.text, vocab_size=128266, num_hidden_layers=2)
+    return YoutuVLConfig(vision=vision, text=text)
+
+
 def real_config() -> YoutuVLConfig:
     """The real Youtu-VL-4B-Instruct dims (spec sections 4 and 7). Never instantiated in tests."""
     return YoutuVLConfig()
 
 
-PRESETS = {"tiny": tiny_config, "real": real_config}
+PRESETS = {"tiny": tiny_config, "mid": mid_config, "real": real_config}
 
 
 def preset_config(name: str) -> YoutuVLConfig:

@@ -1,0 +1,204 @@
+"""The Youtu-VL inference pipeline, written once against module runners.
+
+``runners[name].run(list[np.ndarray]) -> list[np.ndarray]`` is either an ncnn graph
+(``NcnnModule``) or the torch export wrapper (``TorchModule``), so the same code is the ncnn
+runtime, the e2e parity candidate and a check of the split itself. Host work: image processing,
+window permutation and its inverse, RoPE tables and masks (from ``ncnnport.runtime``), token
+fusion, the latent KV cache bookkeeping and greedy selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig
+from ncnnport.models.youtu_vl.processor import (ProcessedImage, patch_permutation, patch_positions,
+                                                window_layout)
+from ncnnport.models.youtu_vl.prompt import fuse
+from ncnnport.runtime import masks
+from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
+from ncnnport.runtime.sampling import greedy
+
+VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
+
+
+def layer_name(i: int) -> str:
+    return f"llm_layer{i}"
+
+
+@dataclass(frozen=True)
+class VisionSegment:
+    """Blocks ``start..end-1`` of one attention kind (see ``wrappers.VisionSegmentGraph``)."""
+
+    index: int
+    start: int
+    end: int
+    windowed: bool
+    first: bool
+    last: bool
+
+    @property
+    def name(self) -> str:
+        return f"vision_seg{self.index}"
+
+
+def vision_segments(cfg: YoutuVLConfig) -> list[VisionSegment]:
+    """Maximal runs of consecutive window blocks / full-attention blocks."""
+    v = cfg.vision
+    kinds = [i not in v.fullatt_block_indexes for i in range(v.num_hidden_layers)]
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(kinds) + 1):
+        if i == len(kinds) or kinds[i] != kinds[start]:
+            runs.append((start, i))
+            start = i
+    return [VisionSegment(k, a, b, kinds[a], k == 0, k == len(runs) - 1) for k, (a, b) in enumerate(runs)]
+
+
+def vision_module_names(cfg: YoutuVLConfig, mode: str = "segments") -> list[str]:
+    if mode == "segments":
+        return [s.name for s in vision_segments(cfg)]
+    if mode == "masked":
+        return [VISION]
+    raise ValueError(f"vision split mode {mode!r}: use 'segments' or 'masked'")
+
+
+def module_names(cfg: YoutuVLConfig, vision_mode: str = "segments") -> list[str]:
+    return [*vision_module_names(cfg, vision_mode), MERGER, EMBED,
+            *(layer_name(i) for i in range(cfg.text.num_hidden_layers)), LM_HEAD]
+
+
+# --- vision -------------------------------------------------------------------------------------
+@dataclass
+class VisionInputs:
+    """Graph inputs in window order plus the permutation that produced them."""
+
+    pixel_values: np.ndarray  # [1,N,P]
+    cos: np.ndarray           # [1,N,hd]
+    sin: np.ndarray
+    cu_seqlens: np.ndarray    # window boundaries over the permuted patches
+    perm: np.ndarray          # window position -> raster row (patch granularity)
+
+    def window_mask(self) -> np.ndarray:
+        """``[1,N,N]`` block-diagonal mask for the single-graph ("masked") split: O(N^2) memory."""
+        return masks.block_diagonal(self.cu_seqlens)
+
+    def windows(self) -> list[tuple[int, int]]:
+        cu = [int(c) for c in self.cu_seqlens]
+        return list(zip(cu[:-1], cu[1:]))
+
+
+def vision_inputs(image: ProcessedImage, cfg: YoutuVLConfig) -> VisionInputs:
+    v = cfg.vision
+    gh, gw = image.grid_hw
+    index, cu = window_layout(gh, gw, v.spatial_merge_size, v.window_tokens)
+    perm = patch_permutation(index, v.merge_unit)
+    cos, sin = axial_cos_sin(patch_positions(gh, gw, v.spatial_merge_size)[perm],
+                             axial_inv_freq(v.head_dim, v.rope_theta))
+    pv = np.ascontiguousarray(image.pixel_values[perm], dtype=np.float32)
+    return VisionInputs(pv[None], cos[None], sin[None], cu, perm)
+
+
+def encode_image(runners: Mapping[str, Any], image: ProcessedImage,
+                 cfg: YoutuVLConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(tower output ``[N,D]`` in raster order, merged visual tokens ``[N/4,out]``)."""
+    vin = vision_inputs(image, cfg)
+    if VISION in runners:  # single graph, window mask as input
+        (windowed,) = runners[VISION].run([vin.pixel_values, vin.cos, vin.sin, vin.window_mask()])
+    else:
+        windowed = run_vision_segments(runners, vin, cfg)
+    raster = np.empty_like(windowed[0])
+    raster[vin.perm] = windowed[0]          # inverse permutation: argsort(perm) applied as a scatter
+    (merged,) = runners[MERGER].run([raster[None]])
+    return raster, merged[0]
+
+
+def run_vision_segments(runners: Mapping[str, Any], vin: VisionInputs, cfg: YoutuVLConfig) -> np.ndarray:
+    """Window segments once per window, full-attention segments once over all patches."""
+    h, cos, sin = vin.pixel_values, vin.cos, vin.sin
+    for seg in vision_segments(cfg):
+        runner = runners[seg.name]
+        if seg.windowed:
+            parts = [runner.run([np.ascontiguousarray(h[:, a:b]), np.ascontiguousarray(cos[:, a:b]),
+                                 np.ascontiguousarray(sin[:, a:b])])[0] for a, b in vin.windows()]
+            h = np.concatenate(parts, axis=1)
+        else:
+            (h,) = runner.run([h, cos, sin])
+    return h
+
+
+# --- LLM ----------------------------------------------------------------------------------------
+@dataclass
+class LatentCache:
+    """Per-layer latent cache; row 0 is a dummy the mask always hides (see DecoderLayerGraph)."""
+
+    latent: list[np.ndarray]
+    krot: list[np.ndarray]
+    seen: int = 0  # real tokens cached (positions 0..seen-1)
+
+    @classmethod
+    def empty(cls, cfg: YoutuVLConfig) -> "LatentCache":
+        t = cfg.text
+        n = t.num_hidden_layers
+        return cls([np.zeros((1, 1, t.kv_lora_rank), np.float32) for _ in range(n)],
+                   [np.zeros((1, 1, t.qk_rope_head_dim), np.float32) for _ in range(n)])
+
+
+def forward_llm(runners: Mapping[str, Any], embeds: np.ndarray, cache: LatentCache,
+                cfg: YoutuVLConfig) -> np.ndarray:
+    """Run ``embeds [S,H]`` through all layers, extend the cache, return last-row logits ``[V]``."""
+    t = cfg.text
+    s = embeds.shape[0]
+    positions = np.arange(cache.seen, cache.seen + s)
+    cos, sin = cos_sin(positions, inv_freq(t.qk_rope_head_dim, t.rope_theta))
+    mask = masks.causal(s, cache.seen + 1)
+    mask[:, :, 0] = masks.MASKED
+    h = np.ascontiguousarray(embeds[None], dtype=np.float32)
+    for i in range(t.num_hidden_layers):
+        h, cache.latent[i], cache.krot[i] = runners[layer_name(i)].run(
+            [h, cos[None], sin[None], mask, cache.latent[i], cache.krot[i]])
+    cache.seen += s
+    (logits,) = runners[LM_HEAD].run([np.ascontiguousarray(h[:, -1:])])
+    return logits.reshape(-1)
+
+
+def embed_ids(runners: Mapping[str, Any], ids: np.ndarray) -> np.ndarray:
+    (emb,) = runners[EMBED].run([np.asarray(ids, dtype=np.int32).reshape(1, -1)])
+    return emb[0]
+
+
+@dataclass
+class Generation:
+    vision: np.ndarray | None
+    merged: np.ndarray | None
+    first_logits: np.ndarray
+    tokens: list[int] = field(default_factory=list)
+    step_logits: list[np.ndarray] = field(default_factory=list)
+
+
+def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
+             image: ProcessedImage | None, max_new_tokens: int, *, stop_at_eos: bool = True,
+             on_token: Callable[[int], None] | None = None, keep_logits: bool = False) -> Generation:
+    """Greedy generation; ``on_token`` is called with every new id (streaming)."""
+    vision = merged = None
+    if image is not None:
+        vision, merged = encode_image(runners, image, cfg)
+    embeds = fuse(embed_ids(runners, ids), ids, merged)
+    cache = LatentCache.empty(cfg)
+    logits = forward_llm(runners, embeds, cache, cfg)
+    gen = Generation(vision, merged, logits)
+    for step in range(max_new_tokens):
+        token = greedy(logits)
+        gen.tokens.append(token)
+        if keep_logits:
+            gen.step_logits.append(logits)
+        if on_token is not None:
+            on_token(token)
+        if (stop_at_eos and token == EOS_ID) or step == max_new_tokens - 1:
+            break
+        logits = forward_llm(runners, embed_ids(runners, np.array([token])), cache, cfg)
+    return gen

@@ -1,0 +1,179 @@
+"""The export split of Youtu-VL as ModuleSpecs (the contract every generic stage reads).
+
+Split decisions (see wrappers.py for the graph bodies):
+- vision, default ``vision_mode="segments"``: ``vision_seg{k}``, one graph per maximal run of
+  window blocks or full-attention blocks (real: 0-6 | 7 | 8-14 | 15 | 16-22 | 23 | 24-25 | 26).
+  Window runs are executed once per window (<= 256 patches), full runs once over all patches; no
+  mask input, so memory and attention cost do not grow with N^2 in window blocks. The first
+  segment embeds patches, the last applies post-LN; window permutation and RoPE tables are host
+  work.
+- vision, ``vision_mode="masked"``: ``vision_tower``, one graph for all blocks with a
+  ``[1,N,N]`` block-diagonal window mask input (simple, but O(N^2) mask memory and every window
+  block attends over all N keys).
+- ``merger``: RMSNorm + 2x2 concat + MLP on the raster-order tower output.
+- ``text_embed``: ncnn Embed over int32 ids.
+- ``llm_layer{i}``: one graph per decoder layer serving prefill and decode (dynamic query and
+  past lengths), latent KV cache in/out.
+- ``lm_head``: final norm + tied head on the last row (static ``[1,1,H]``).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ncnnport.contract import ModuleSpec, TensorSpec
+from ncnnport.models.youtu_vl import wrappers
+from ncnnport.models.youtu_vl.model import YoutuVL
+from ncnnport.models.youtu_vl.pipeline import (EMBED, LM_HEAD, MERGER, VISION, VisionSegment,
+                                               layer_name, vision_segments)
+from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
+from ncnnport.runtime import masks
+from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
+
+# patch counts -> a grid with that many patches exercising a window case
+_GRIDS = {64: (8, 8), 216: (12, 18), 680: (34, 20), 256: (2, 128), 4: (2, 2)}
+
+
+def grid_for(n: int) -> tuple[int, int]:
+    if n in _GRIDS:
+        return _GRIDS[n]
+    if n % 4:
+        raise ValueError(f"patch count {n} is not a multiple of 4")
+    return 2, n // 2
+
+
+def _vision_spec(vl: YoutuVL) -> ModuleSpec:
+    v = vl.cfg.vision
+
+    def make(sizes: Mapping[str, int], rng: np.random.Generator):
+        gh, gw = grid_for(sizes["patches"])
+        index, cu = window_layout(gh, gw, v.spatial_merge_size, v.window_tokens)
+        perm = patch_permutation(index, v.merge_unit)
+        cos, sin = axial_cos_sin(patch_positions(gh, gw, v.spatial_merge_size)[perm],
+                                 axial_inv_freq(v.head_dim, v.rope_theta))
+        pv = rng.uniform(-1, 1, (1, gh * gw, v.patch_dim)).astype(np.float32)
+        return [pv, cos[None], sin[None], masks.block_diagonal(cu)]
+
+    return ModuleSpec(
+        name=VISION, build=lambda: wrappers.VisionTowerGraph(vl).eval(),
+        inputs=[TensorSpec("pixel_values", (1, "patches", v.patch_dim)),
+                TensorSpec("cos", (1, "patches", v.head_dim)),
+                TensorSpec("sin", (1, "patches", v.head_dim)),
+                TensorSpec("window_mask", (1, "patches", "patches"))],
+        outputs=[TensorSpec("vision_hidden", (1, "patches", v.hidden_size))],
+        axes={"patches": (216, 64)}, make_inputs=make,
+        parity_sizes=[{"patches": 680}, {"patches": 256}, {"patches": 4}],
+        notes="patches in window order; host applies argsort(window permutation) afterwards")
+
+
+def _segment_spec(vl: YoutuVL, seg: VisionSegment) -> ModuleSpec:
+    v = vl.cfg.vision
+    width = v.patch_dim if seg.first else v.hidden_size
+
+    def make(sizes: Mapping[str, int], rng: np.random.Generator):
+        n = sizes["patches"]
+        gh, gw = grid_for(n)
+        cos, sin = axial_cos_sin(patch_positions(gh, gw, v.spatial_merge_size),
+                                 axial_inv_freq(v.head_dim, v.rope_theta))
+        x = (rng.uniform(-1, 1, (1, n, width)) if seg.first else rng.standard_normal((1, n, width)))
+        return [x.astype(np.float32), cos[None], sin[None]]
+
+    kind = "window" if seg.windowed else "full-attention"
+    # a window holds at most window_tokens^2 merged tokens; full segments see the whole image
+    most = v.window_tokens ** 2 * v.merge_unit
+    axes = {"patches": (192, 24)} if seg.windowed else {"patches": (216, 64)}
+    extra = [{"patches": most}, {"patches": 4}] if seg.windowed else [{"patches": 680}, {"patches": 4}]
+    return ModuleSpec(
+        name=seg.name,
+        build=lambda: wrappers.VisionSegmentGraph(vl, seg.start, seg.end, first=seg.first,
+                                                  last=seg.last).eval(),
+        inputs=[TensorSpec("pixel_values" if seg.first else "hidden", (1, "patches", width)),
+                TensorSpec("cos", (1, "patches", v.head_dim)),
+                TensorSpec("sin", (1, "patches", v.head_dim))],
+        outputs=[TensorSpec("vision_hidden" if seg.last else "hidden_out", (1, "patches", v.hidden_size))],
+        axes=axes, make_inputs=make, parity_sizes=extra,
+        notes=f"vision blocks {seg.start}..{seg.end - 1} ({kind}"
+              f"{', run once per window' if seg.windowed else ''})"
+              f"{'; starts with the patch embedding' if seg.first else ''}"
+              f"{'; ends with post-LN' if seg.last else ''}")
+
+
+def _merger_spec(vl: YoutuVL) -> ModuleSpec:
+    v = vl.cfg.vision
+    return ModuleSpec(
+        name=MERGER, build=lambda: wrappers.MergerGraph(vl).eval(),
+        inputs=[TensorSpec("vision_hidden", (1, "patches", v.hidden_size))],
+        outputs=[TensorSpec("visual_tokens", (1, "tokens", v.out_hidden_size))],
+        axes={"patches": (216, 64)}, parity_sizes=[{"patches": 680}, {"patches": 4}],
+        make_inputs=lambda s, rng: [rng.standard_normal((1, s["patches"], v.hidden_size)).astype(np.float32)],
+        notes="4 consecutive rows = one 2x2 merge block")
+
+
+def _embed_spec(vl: YoutuVL) -> ModuleSpec:
+    t = vl.cfg.text
+    return ModuleSpec(
+        name=EMBED, build=lambda: wrappers.TextEmbedGraph(vl).eval(),
+        inputs=[TensorSpec("ids", (1, "seq"), "int32")],
+        outputs=[TensorSpec("embeds", (1, "seq", t.hidden_size))],
+        axes={"seq": (17, 5)}, parity_sizes=[{"seq": 1}, {"seq": 300}],
+        make_inputs=lambda s, rng: [rng.integers(0, t.vocab_size, (1, s["seq"])).astype(np.int32)],
+        notes="int32 ids (int64 silently selects wrong rows in ncnn)")
+
+
+def _layer_spec(vl: YoutuVL, i: int) -> ModuleSpec:
+    t = vl.cfg.text
+
+    def make(sizes: Mapping[str, int], rng: np.random.Generator):
+        s, p = sizes["seq"], sizes["past"]
+        if sizes["total"] != s + p:
+            raise ValueError(f"total {sizes['total']} != seq {s} + past {p}")
+        cos, sin = cos_sin(np.arange(p - 1, p - 1 + s), inv_freq(t.qk_rope_head_dim, t.rope_theta))
+        mask = masks.causal(s, p)
+        mask[:, :, 0] = masks.MASKED  # the dummy cache row
+        return [rng.standard_normal((1, s, t.hidden_size)).astype(np.float32), cos[None], sin[None], mask,
+                rng.standard_normal((1, p, t.kv_lora_rank)).astype(np.float32),
+                rng.standard_normal((1, p, t.qk_rope_head_dim)).astype(np.float32)]
+
+    return ModuleSpec(
+        name=layer_name(i), build=lambda: wrappers.DecoderLayerGraph(vl, i).eval(),
+        inputs=[TensorSpec("hidden", (1, "seq", t.hidden_size)),
+                TensorSpec("cos", (1, "seq", t.qk_rope_head_dim)),
+                TensorSpec("sin", (1, "seq", t.qk_rope_head_dim)),
+                TensorSpec("mask", (1, "seq", "total")),
+                TensorSpec("past_latent", (1, "past", t.kv_lora_rank)),
+                TensorSpec("past_krot", (1, "past", t.qk_rope_head_dim))],
+        outputs=[TensorSpec("hidden_out", (1, "seq", t.hidden_size)),
+                 TensorSpec("latent", (1, "total", t.kv_lora_rank)),
+                 TensorSpec("krot", (1, "total", t.qk_rope_head_dim))],
+        axes={"seq": (7, 3), "past": (4, 9), "total": (11, 12)}, make_inputs=make,
+        parity_sizes=[{"seq": 1, "past": 1, "total": 2}, {"seq": 1, "past": 40, "total": 41},
+                      {"seq": 120, "past": 1, "total": 121}],
+        notes="absorbed MLA, latent cache; past row 0 is a masked dummy (prefill uses past=1)")
+
+
+def _head_spec(vl: YoutuVL) -> ModuleSpec:
+    t = vl.cfg.text
+    return ModuleSpec(
+        name=LM_HEAD, build=lambda: wrappers.LmHeadGraph(vl).eval(),
+        inputs=[TensorSpec("hidden", (1, 1, t.hidden_size))],
+        outputs=[TensorSpec("logits", (1, 1, t.vocab_size))],
+        make_inputs=lambda s, rng: [rng.standard_normal((1, 1, t.hidden_size)).astype(np.float32)],
+        notes="final RMSNorm + tied lm_head, last row only")
+
+
+def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]:
+    """The split. ``vision_mode``: "segments" (default: no mask, windows run separately) or
+    "masked" (one tower graph with an ``[1,N,N]`` window-mask input)."""
+    if vision_mode == "segments":
+        vision = [_segment_spec(vl, seg) for seg in vision_segments(vl.cfg)]
+    elif vision_mode == "masked":
+        vision = [_vision_spec(vl)]
+    else:
+        raise ValueError(f"vision split mode {vision_mode!r}: use 'segments' or 'masked'")
+    return [*vision, _merger_spec(vl), _embed_spec(vl),
+            *(_layer_spec(vl, i) for i in range(vl.cfg.text.num_hidden_layers)), _head_spec(vl)]
+
+

@@ -1,0 +1,108 @@
+"""Converted ncnn graphs: loadable params, per-module parity at every spec size, e2e tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ncnnport.parity.policy import Policy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def converted(tiny, tmp_path_factory):
+    """Export + pnnx-convert every module once per session (lead's generic stages)."""
+    from ncnnport.convert.pnnx_runner import convert_module
+    from ncnnport.export.tracing import export_module
+    from ncnnport.models.youtu_vl.specs import module_specs
+    from ncnnport.runtime.session import NcnnModule, TorchModule
+
+    vl, _ = tiny
+    out = tmp_path_factory.mktemp("youtu_ncnn")
+    specs = module_specs(vl)
+    ncnn_mods, torch_mods, receipts = {}, {}, {}
+    for spec in specs:
+        rec = export_module(spec, out / "ts")
+        receipts[spec.name] = convert_module(rec, out / "ts" / f"{spec.name}.pt", out / "ncnn")
+        ncnn_mods[spec.name] = NcnnModule(out / "ncnn" / f"{spec.name}.ncnn.param",
+                                          out / "ncnn" / f"{spec.name}.ncnn.bin", rec)
+        torch_mods[spec.name] = TorchModule(spec.build(), rec)
+    return specs, ncnn_mods, torch_mods, receipts
+
+
+def _policy() -> Policy:
+    from ncnnport.models.youtu_vl.port import PORT
+
+    return Policy.load(PORT.policy_path)
+
+
+def test_params_have_only_native_layers(converted):
+    _, _, _, receipts = converted
+    for name, r in receipts.items():
+        bad = [t for t in r["layer_types"] if "." in t]
+        assert not bad, f"{name}: {bad}"
+        assert "fp16=0" in r["command"]
+    assert receipts["vision_seg0"]["layer_types"].get("SDPA") == 1       # one tiny block per segment
+    assert "RotaryEmbed" in receipts["vision_seg0"]["layer_types"]        # rotate_half fused
+    assert receipts["llm_layer0"]["layer_types"].get("Concat", 0) >= 2    # cache concat in-graph
+
+
+def test_every_module_matches_torch_at_every_size(converted):
+    from ncnnport.parity.local import local_parity
+
+    specs, ncnn_mods, torch_mods, _ = converted
+    policy = _policy()
+    for spec in specs:
+        spec.tolerances = policy.module(spec.name)
+        rows = local_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], policy.default())
+        assert len(rows) >= len(spec.outputs) * len(spec.all_parity_sizes())
+        failed = [(r.get("case"), r.get("output"), r.get("reason")) for r in rows if not r["passed"]]
+        assert not failed, f"{spec.name}: {failed}"
+
+
+def test_masked_vision_tower_graph(tiny, tmp_path):
+    """The alternative single-graph split (window mask input) converts and matches the reference."""
+    from ncnnport.convert.pnnx_runner import convert_module
+    from ncnnport.export.tracing import export_module
+    from ncnnport.models.youtu_vl.fixtures import synthetic_image
+    from ncnnport.models.youtu_vl.pipeline import VISION, vision_inputs
+    from ncnnport.models.youtu_vl.processor import process_image
+    from ncnnport.models.youtu_vl.specs import module_specs
+    from ncnnport.parity.metrics import compare
+    from ncnnport.runtime.session import NcnnModule
+
+    vl, _ = tiny
+    spec = next(s for s in module_specs(vl, vision_mode="masked") if s.name == VISION)
+    rec = export_module(spec, tmp_path / "ts")
+    receipt = convert_module(rec, tmp_path / "ts" / f"{VISION}.pt", tmp_path / "ncnn")
+    assert receipt["layer_types"].get("SDPA") == vl.cfg.vision.num_hidden_layers
+    mod = NcnnModule(tmp_path / "ncnn" / f"{VISION}.ncnn.param", tmp_path / "ncnn" / f"{VISION}.ncnn.bin", rec)
+    for hw in [(520, 300), (200, 230)]:
+        img = process_image(synthetic_image(*hw), vl.cfg.vision, vl.cfg.processor)
+        vin = vision_inputs(img, vl.cfg)
+        (out,) = mod.run([vin.pixel_values, vin.cos, vin.sin, vin.window_mask()])
+        raster = out[0][np.argsort(vin.perm)]
+        stats = compare(vl.vision_features(img), raster)
+        assert stats.cosine > 0.999999 and stats.max_abs < 1e-4 * stats.ref_absmax, stats
+
+
+@pytest.mark.parametrize("name", ["grid_12x18", "six_windows", "tiny_5x7", "text_only"])
+def test_ncnn_generation_matches_reference(tiny, tiny_folder, converted, name):
+    from ncnnport.models.youtu_vl.fixtures import FIXTURES
+    from ncnnport.models.youtu_vl.port import e2e_case
+    from ncnnport.registry import LoadedModel
+
+    vl, tok = tiny
+    loaded = LoadedModel(name="youtu-vl", preset="tiny", ckpt=None, config=vl.cfg.to_json(),
+                         reference=vl, extra={"tokenizer": tok, "folder": tiny_folder})
+    _, ncnn_mods, _, _ = converted
+    fx = {f.name: f for f in FIXTURES}[name]
+    policy = _policy()
+    recs = e2e_case(loaded, ncnn_mods, fx.name, fx.image(), fx.prompt,
+                    lambda s: policy.stage(s), 64)
+    assert all(r["passed"] for r in recs), [(r["stage"], r["reason"]) for r in recs]
+    tokens = next(r for r in recs if r["stage"] == "tokens")
+    assert tokens["tokens_matched"] == 64
+    stages = {r["stage"] for r in recs}
+    assert ("vision" in stages) == (fx.size_hw is not None)
