@@ -23,8 +23,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
-export convert parity report check: $(STAMP)
+# `export` must stand alone on its rule line: "export a b:" would be read as make's export directive.
+export: $(STAMP)
+	$(BIN)/ncnnport export $(MODEL_OPTS) $(ARGS)
+
+convert parity report check bench: $(STAMP)
 	$(BIN)/ncnnport $@ $(MODEL_OPTS) $(ARGS)
+
+nightly: $(STAMP)
+	$(BIN)/ncnnport nightly $(ARGS)
 
 run: $(STAMP)
 	@test -n "$(MODEL)" || (echo "make run needs MODEL=..." >&2; exit 2)

@@ -63,14 +63,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from ncnnport.parity.run import run_parity
+    from ncnnport.nightly import full_parity
     from ncnnport.reports.summary import gate_table, write_report
     from ncnnport.stages import convert_stage, prepare
     ok = True
     for t in _targets(args):
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
-        summary = run_parity(prep, pkg, user_inputs=args.input or [])
+        summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
+        if args.sweep:
+            from ncnnport.parity.sweep import sweep_table
+            print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
         path = write_report(summary, t.report_dir)
         print(f"\n## {t.model} ({t.source}): {'PASSED' if summary['gates_passed'] else 'FAILED'}")
         print(gate_table(summary))
@@ -147,6 +150,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from ncnnport.nightly import run_nightly
+    return run_nightly(_targets(args), args.build_dir / "nightly")
+
+
 def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
     port = get_port(args.model)
@@ -178,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--input", type=Path, action="append",
                    help="your own input file for the e2e parity (repeatable)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also rerun under every ncnn precision/thread/backend option and pnnx fp16 weights")
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)
     p.add_argument("--stage", default=None, help="bench stage (default: every stage of the model)")
@@ -189,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
+    p = sub.add_parser("nightly", help="every model, fixture and precision mode + stability; "
+                                        "exit 1 on a failed gate or a regression vs the last nightly")
+    _common(p)
     p = sub.add_parser("check", help="verify a package folder against its manifest")
     _common(p)
     p.add_argument("--package", type=Path, help="package folder (default: the model's build package)")
@@ -211,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
         handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
-                   "report": cmd_report, "check": cmd_check, "bench": cmd_bench}[args.verb]
+                   "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
+                   "nightly": cmd_nightly}[args.verb]
     try:
         return handler(args)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:

@@ -90,7 +90,7 @@ def export_stage(prep: Prepared, force: bool = False) -> list[dict[str, Any]]:
         log(f"{t.model}: export [{i}/{len(prep.specs)}] {spec.name}")
         records.append(export_module(spec, t.torchscript_dir))
     prep.timings["export_s"] = time.perf_counter() - t0
-    write_json(t.state_file, {"exported": prep.build_key})
+    write_json(t.state_file, {"exported": prep.build_key})  # conversions of older exports are stale
     return records
 
 
@@ -105,15 +105,18 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
             shutil.copyfile(src, target)
 
 
-def convert_stage(prep: Prepared, force: bool = False) -> Path:
+def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = False) -> Path:
+    """Convert every exported module into ``package/`` (``package-fp16w/`` for pnnx fp16 weights,
+    an opt-in precision mode measured by the option sweep)."""
     t = prep.target
     records = export_stage(prep, force=force)
     state = _state(t)
-    pkg = t.package_dir
-    if not force and state.get("converted") == prep.build_key and not check_package(pkg):
+    pkg = t.package_dir if not fp16_weights else t.package_dir.with_name("package-fp16w")
+    state_key = "converted" if not fp16_weights else "converted_fp16w"
+    if not force and state.get(state_key) == prep.build_key and not check_package(pkg):
         log(f"{t.model}: convert up to date ({pkg})")
         return pkg
-    tmp = pkg.with_name("package.partial")
+    tmp = pkg.with_name(pkg.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "ncnn").mkdir(parents=True)
@@ -122,7 +125,8 @@ def convert_stage(prep: Prepared, force: bool = False) -> Path:
     t0 = time.perf_counter()
     for i, rec in enumerate(records, 1):
         log(f"{t.model}: convert [{i}/{len(records)}] {rec['name']}")
-        receipts.append(convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn"))
+        receipts.append(convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
+                                       fp16_weights=fp16_weights))
         write_json(tmp / "specs" / f"{rec['name']}.spec.json", rec)
     prep.timings["convert_s"] = time.perf_counter() - t0
     _copy_assets(prep.loaded, tmp / "assets")
@@ -131,7 +135,7 @@ def convert_stage(prep: Prepared, force: bool = False) -> Path:
     if pkg.exists():
         shutil.rmtree(pkg)
     tmp.rename(pkg)  # the package appears whole or not at all
-    write_json(t.state_file, {"exported": prep.build_key, "converted": prep.build_key})
+    write_json(t.state_file, {**_state(t), "exported": prep.build_key, state_key: prep.build_key})
     return pkg
 
 

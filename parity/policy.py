@@ -67,3 +67,7 @@ class Policy:
     def number(self, key: str, default: float, precision: str = "fp32") -> float:
         """A scalar gate such as ``min_tokens``."""
         return self._mode(precision).get("numbers", {}).get(key, default)
+
+    def token_gate(self, precision: str = "fp32") -> dict[str, Any]:
+        """How greedy tokens are judged in this precision mode (default: exact match)."""
+        return dict(self._mode(precision).get("tokens", {"mode": "exact"}))

@@ -29,6 +29,7 @@ def stage_record(fixture: str, stage: str, reference: np.ndarray, candidate: np.
 def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int],
                  reference_logits: Sequence[np.ndarray] | None = None, *,
                  stage: str = "tokens", min_tokens: int = 1, logit_noise: float | None = None,
+                 gate: dict[str, Any] | None = None, teacher_forced: dict[str, Any] | None = None,
                  **extra: Any) -> dict[str, Any]:
     """Greedy token sequences compared position by position.
 
@@ -36,6 +37,10 @@ def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int
     mismatch their top-2 margin says whether it was a near-tie, judged against the run's
     measured ``logit_noise`` (see parity.tokens). Passing requires identical sequences of at
     least ``min_tokens`` tokens: a near-tie is reported as such but still fails the gate.
+
+    ``gate={"mode": "teacher_forced", "min_top1": x, "max_kl_mean": y}`` (reduced-precision
+    modes) judges by the teacher-forced statistics instead: after one flip a free-running
+    sequence diverges by construction, so exact match says little about a fp16/bf16 port.
     """
     ref = [int(t) for t in reference]
     cand = [int(t) for t in candidate]
@@ -51,6 +56,12 @@ def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int
 
     verdict = flip_verdict(margin, logit_noise)
     passed = first is None and len(ref) >= min_tokens
+    gate = gate or {"mode": "exact"}
+    if gate["mode"] == "teacher_forced":
+        if not teacher_forced or not teacher_forced.get("steps"):
+            raise ValueError(f"{fixture}: a teacher-forced token gate needs teacher-forced statistics")
+        passed = (len(ref) >= min_tokens and teacher_forced["top1_agreement"] >= gate["min_top1"]
+                  and teacher_forced["kl_mean"] <= gate["max_kl_mean"])
     reason = ""
     if first is not None:
         reason = f"first mismatch at step {first}"
@@ -59,12 +70,16 @@ def token_record(fixture: str, reference: Sequence[int], candidate: Sequence[int
             reason += f", logit noise {logit_noise:.3g}: {verdict})" if verdict else ")"
     elif len(ref) < min_tokens:
         reason = f"only {len(ref)} tokens compared, gate needs {min_tokens}"
+    if gate["mode"] == "teacher_forced":
+        reason = (f"teacher-forced top-1 {teacher_forced['top1_agreement']:.3f} (>= {gate['min_top1']}), "
+                  f"KL mean {teacher_forced['kl_mean']:.3g} (<= {gate['max_kl_mean']}); " + reason)
     margins = [round(top2_margin(l), 6) for l in reference_logits] if reference_logits is not None else None
     rec: dict[str, Any] = {"fixture": fixture, "stage": stage, "kind": "tokens",
                            "reference_margins": margins,
                            "tokens_compared": len(ref), "tokens_matched": matched,
                            "first_mismatch": first, "margin_at_mismatch": margin,
-                           "logit_noise": logit_noise, "verdict": verdict,
+                           "logit_noise": logit_noise, "verdict": verdict, "gate": gate,
+                           "teacher_forced": teacher_forced,
                            "reference_tokens": ref, "candidate_tokens": cand,
                            "passed": passed, "reason": reason}
     rec.update(extra)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,7 +27,9 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
     modules: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for spec in prep.specs:
-        log(f"{t.model}: local parity {spec.name} at {len(spec.all_parity_sizes())} sizes")
+        log(f"{t.model}: local parity {spec.name} at {len(spec.all_parity_sizes())} sizes [{options.label}]")
+        if precision != "fp32":  # a precision mode is judged by its own budgets
+            spec = dataclasses.replace(spec, tolerances=prep.policy.module(spec.name, precision))
         modules += local_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], default)
     timings = {"local_s": time.perf_counter() - t0}
     e2e: list[dict[str, Any]] = []

@@ -1,0 +1,94 @@
+"""The nightly gate: every model, every fixture, every precision mode, stability, regressions.
+
+Exit status is non-zero when any gate fails (fp32 parity, a precision mode's own budget, a
+stability check) or when the run regressed against the last stored nightly summary.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from ncnnport.fsutil import read_json, write_json
+
+STABILITY_ROUNDS = 100
+MAX_DRIFT_PCT_PER_100 = 2.0
+MAX_RSS_GROWTH_MB = 16.0
+
+
+def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), sweep_options: bool = True) -> dict:
+    """fp32 parity plus, optionally, the option sweep (each variant judged by its own budget)."""
+    from ncnnport.parity.run import run_parity
+    from ncnnport.parity.sweep import sweep
+    from ncnnport.runtime.bench_cli import vulkan_available
+    from ncnnport.stages import convert_stage
+
+    summary = run_parity(prep, package, user_inputs=user_inputs)
+    if sweep_options:
+        def run_variant(v):
+            vpkg = convert_stage(prep, fp16_weights=True) if v.fp16_weights else package
+            return run_parity(prep, vpkg, user_inputs=user_inputs, options=v.options, precision=v.precision)
+        summary["option_sweep"] = sweep(run_variant, gpu=vulkan_available())
+        summary["gates_passed"] = summary["gates_passed"] and all(
+            r["gates_passed"] for r in summary["option_sweep"]["variants"])
+    return summary
+
+
+def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[str, Any]:
+    """Interleave every bench stage at its first size for ``rounds`` rounds; judge each."""
+    from ncnnport.runtime.bench_cli import run_interleave
+
+    stages = prep.port.bench_stages()
+    if not stages:
+        return {"checked": False, "passed": True, "reason": "no bench stages"}
+    pairs = [(s, sizes[0]) for s, sizes in stages.items()]
+    results = run_interleave(prep, package, pairs, rounds, threads=1)
+    problems = []
+    for name, r in results.items():
+        if not r["identical_outputs"]:
+            problems.append(f"{name}: outputs changed at calls {r['mismatched_calls'][:5]}")
+        if r["drift_pct_per_100"] - r["drift_ci_pct_per_100"] > MAX_DRIFT_PCT_PER_100:
+            problems.append(f"{name}: drift {r['drift_pct_per_100']:+.1f}%/100 calls")
+        if r["rss_growth_mb"] > MAX_RSS_GROWTH_MB:
+            problems.append(f"{name}: RSS grew {r['rss_growth_mb']:.1f} MB")
+    for r in results.values():
+        r.pop("times_ms", None)
+    return {"checked": True, "rounds": rounds, "results": results, "passed": not problems,
+            "reason": "; ".join(problems)}
+
+
+def run_nightly(targets: Sequence[Any], store: Path) -> int:
+    from ncnnport.reports.compare import regressions
+    from ncnnport.reports.summary import gate_table, write_report
+    from ncnnport.stages import convert_stage, prepare
+
+    failed = False
+    for t in targets:
+        prep = prepare(t)
+        pkg = convert_stage(prep)
+        summary = full_parity(prep, pkg)
+        summary["stability"] = stability(prep, pkg)
+        summary["gates_passed"] = summary["gates_passed"] and summary["stability"]["passed"]
+        last = store / t.model / "last_summary.json"
+        found = regressions(read_json(last), summary) if last.is_file() else []
+        summary["regressions"] = found
+        path = write_report(summary, t.report_dir)
+        ok = summary["gates_passed"] and not found
+        print(f"\n## nightly {t.model}: {'PASSED' if ok else 'FAILED'}")
+        print(gate_table(summary))
+        if "option_sweep" in summary:
+            from ncnnport.parity.sweep import sweep_table
+            print("\n" + sweep_table(summary["option_sweep"]))
+        stab = summary["stability"]
+        print(f"\nstability ({stab.get('rounds', 0)} interleaved rounds): "
+              f"{'PASS' if stab['passed'] else 'FAIL: ' + stab['reason']}")
+        print(f"regressions vs last nightly: {len(found) if last.is_file() else 'no earlier nightly'}")
+        for line in found:
+            print(f"  - {line}")
+        print(f"report: {path.parent / 'report.html'}")
+        if ok:  # only a passing run becomes the baseline for the next night
+            last.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, last)
+        failed = failed or not ok
+    return 1 if failed else 0

@@ -1,0 +1,100 @@
+"""Option attribution: rerun parity under each ncnn runtime option (and pnnx fp16 weights) and
+report each option's error against the fp32 run and which option first breaks its gate.
+
+Variants are ordered from the most to the least conservative, so "the first option that breaks
+a gate" reads as "how far you can push precision before the port stops being faithful". Each
+variant is judged by its own precision mode's budgets from the model's policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ncnnport.runtime.options import RuntimeOptions
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    options: RuntimeOptions
+    precision: str            # the policy's precision mode that judges it
+    fp16_weights: bool = False
+
+
+def variants(gpu: bool) -> list[Variant]:
+    base = RuntimeOptions()
+    out = [
+        Variant("fp32 threads=1", base, "fp32"),
+        Variant("fp32 threads=2", base.with_(num_threads=2), "fp32"),
+        Variant("fp16 storage", base.with_(fp16_storage=True), "fp16"),
+        Variant("fp16 storage+packed", base.with_(fp16_storage=True, fp16_packed=True), "fp16"),
+        Variant("fp16 storage+packed+arithmetic",
+                base.with_(fp16_storage=True, fp16_packed=True, fp16_arithmetic=True), "fp16"),
+        Variant("bf16 storage", base.with_(bf16_storage=True), "bf16"),
+        Variant("pnnx fp16 weights", base, "fp16_weights", fp16_weights=True),
+    ]
+    if gpu:
+        out.insert(2, Variant("vulkan fp32", base.with_(use_vulkan=True), "fp32"))
+        out.append(Variant("vulkan default fp16", base.with_(use_vulkan=True, fp16_storage=True,
+                                                               fp16_packed=True, fp16_arithmetic=True), "fp16"))
+    return out
+
+
+def _worst(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst ncnn-computed error (local module rows; host-side stages are option-independent)."""
+    tensors = [r for r in records if "max_abs" in r and r.get("ref_absmax") is not None and "name" in r]
+    toks = [r for r in records if r.get("kind") == "tokens" and r["stage"] == "tokens"]
+    worst = max(tensors, key=lambda r: r["max_abs"] / max(r["ref_absmax"], 1e-30), default=None)
+    return {
+        "worst_rel_max_abs": None if worst is None else worst["max_abs"] / max(worst["ref_absmax"], 1e-30),
+        "worst_at": None if worst is None else f"{worst.get('name', worst.get('fixture'))}/"
+                                               f"{worst.get('output', worst.get('stage'))}",
+        "min_cosine": min((r["cosine"] for r in tensors), default=None),
+        "tokens_matched": sum(r["tokens_matched"] for r in toks),
+        "tokens_compared": sum(r["tokens_compared"] for r in toks),
+        "teacher_forced_top1_min": min((r["teacher_forced"]["top1_agreement"] for r in toks
+                                        if r.get("teacher_forced")), default=None),
+        "teacher_forced_kl_max": max((r["teacher_forced"]["kl_mean"] for r in toks
+                                      if r.get("teacher_forced")), default=None),
+    }
+
+
+def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool) -> dict[str, Any]:
+    """``run_variant(v)`` returns a parity summary for variant ``v`` (judged in ``v.precision``)."""
+    rows = []
+    baseline = None
+    for v in variants(gpu):
+        summary = run_variant(v)
+        failing = [r for r in summary["modules"] + summary["e2e"] if not r["passed"]]
+        row = {"variant": v.name, "precision_mode": v.precision, "options": v.options.to_json(),
+               "fp16_weights": v.fp16_weights, "gates_passed": summary["gates_passed"],
+               "failed_gates": len(failing),
+               "first_failure": None if not failing else
+               f"{failing[0].get('name', failing[0].get('fixture'))}/"
+               f"{failing[0].get('output', failing[0].get('stage'))}: {failing[0].get('reason', '')}",
+               **_worst(summary["modules"] + summary["e2e"])}
+        if baseline is None:
+            baseline = row
+        row["rel_error_vs_fp32"] = (None if not row["worst_rel_max_abs"] or not baseline["worst_rel_max_abs"]
+                                    else row["worst_rel_max_abs"] / baseline["worst_rel_max_abs"])
+        rows.append(row)
+    first_break = next((r["variant"] for r in rows if not r["gates_passed"]), None)
+    return {"variants": rows, "first_breaking_option": first_break}
+
+
+def sweep_table(result: dict[str, Any]) -> str:
+    lines = ["| option | precision budget | worst local max_abs/max|ref| | x fp32 | min cosine | greedy tokens "
+             "| teacher-forced top-1 (min) | KL mean (max) | gates |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["variants"]:
+        rel = "-" if r["worst_rel_max_abs"] is None else f"{r['worst_rel_max_abs']:.3e}"
+        ratio = "-" if r["rel_error_vs_fp32"] is None else f"{r['rel_error_vs_fp32']:.1f}"
+        cos = "-" if r["min_cosine"] is None else f"{r['min_cosine']:.7f}"
+        gates = "PASS" if r["gates_passed"] else f"FAIL ({r['failed_gates']}): {r['first_failure'][:80]}"
+        top1 = "-" if r["teacher_forced_top1_min"] is None else f"{r['teacher_forced_top1_min']:.3f}"
+        kl = "-" if r["teacher_forced_kl_max"] is None else f"{r['teacher_forced_kl_max']:.2e}"
+        lines.append(f"| {r['variant']} | {r['precision_mode']} | {rel} | {ratio} | {cos} | "
+                     f"{r['tokens_matched']}/{r['tokens_compared']} | {top1} | {kl} | {gates} |")
+    lines.append(f"\nfirst option that breaks a gate: {result['first_breaking_option'] or 'none'}")
+    return "\n".join(lines)
