@@ -1,0 +1,179 @@
+"""Host side of the exported SeedVR2: drives the per-module graphs through any runner with
+``.run(list[np.ndarray]) -> list[np.ndarray]`` (``NcnnModule`` or ``TorchModule``).
+
+The host does what the graphs cannot: patchify/unpatchify, the timestep sinusoid, the window
+partition (gather each window's Q/K/V rows, scatter outputs, average text over windows),
+window-local RoPE tables, and the VAE's depth-to-space between decoder graphs. Every host step
+is data movement or the same float32 arithmetic as the reference, so torch-vs-ncnn differences
+come from the graphs alone.
+
+Residency: ``resident`` keeps every graph loaded; ``streamed`` loads a block's two graphs right
+before use and releases them right after (peak memory of one block), same numbers bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from ncnnport.models.seedvr2.config import SeedVR2Config
+from ncnnport.models.seedvr2.dit import timestep_sinusoid
+from ncnnport.models.seedvr2.mmrope import MMRoPE3d, text_positions, video_positions
+from ncnnport.models.seedvr2.windows import partition, window_local_positions, window_token_index
+from ncnnport.models.seedvr2.wrappers import depth_to_space, pair_to_half_perm
+
+Runner = Any  # has .run(list[np.ndarray]) -> list[np.ndarray]
+
+
+def block_names(i: int) -> tuple[str, str]:
+    return f"dit_block_{i:02d}_pre", f"dit_block_{i:02d}_post"
+
+
+def decode_stage_names(cfg: SeedVR2Config) -> list[str]:
+    return [f"vae_decode_{k}" for k in range(len(cfg.vae.block_out_channels))]
+
+
+def decode_stage_temporal(cfg: SeedVR2Config) -> list[bool]:
+    """Whether the upsample after decoder stage k is space-time (else spatial-only)."""
+    n = len(cfg.vae.block_out_channels)
+    return [(n - 2 - k) in cfg.vae.temporal_down_blocks for k in range(n - 1)]
+
+
+def patchify_np(vid: np.ndarray) -> np.ndarray:
+    """(T, H, W, C) -> (1, T*h*w, 4C), feature (py*2+px)*C + c (as the reference)."""
+    t, h, w, c = vid.shape
+    x = vid.reshape(t, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 2, 4, 5)
+    return np.ascontiguousarray(x.reshape(1, t * (h // 2) * (w // 2), 4 * c), dtype=np.float32)
+
+
+def unpatchify_np(x: np.ndarray, grid: tuple[int, int, int], c: int) -> np.ndarray:
+    t, h, w = grid
+    y = x.reshape(t, h, w, 2, 2, c).transpose(0, 1, 3, 2, 4, 5)
+    return np.ascontiguousarray(y.reshape(t, 2 * h, 2 * w, c))
+
+
+@dataclass
+class Plan:
+    """One partition (regular or shifted) of a grid, ready for the graphs."""
+
+    index: list[np.ndarray]      # raster token indices per window
+    cos_v: np.ndarray            # (1, N, hd) rotate-half layout, each token's local position
+    sin_v: np.ndarray
+
+
+class DiTGeometry:
+    """Window plans and RoPE tables for a config (frequencies computed as the checkpoint's
+    ``rope.rope.freqs`` buffers; ``port.load`` checks a checkpoint holds exactly these)."""
+
+    def __init__(self, cfg: SeedVR2Config) -> None:
+        self.cfg = cfg
+        d = cfg.dit
+        self.rope = MMRoPE3d(d.head_dim, d.rope_axis_dim, d.rope_theta)
+        self.perm = torch.from_numpy(pair_to_half_perm(d.head_dim))
+
+    def _tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and SIGNED sin ``[-sin, sin]`` in rotate-half channel order (see wrappers)."""
+        c, s = self.rope.tables(torch.from_numpy(pos))
+        c, s = c[:, self.perm].numpy(), s[:, self.perm].numpy().copy()
+        s[:, : s.shape[1] // 2] *= -1.0
+        return np.ascontiguousarray(c), s
+
+    def text_tables(self, text_len: int) -> tuple[np.ndarray, np.ndarray]:
+        c, s = self._tables(text_positions(text_len))
+        return c[None], s[None]
+
+    def plan(self, grid: tuple[int, int, int], shifted: bool, text_len: int) -> Plan:
+        d = self.cfg.dit
+        wins = partition(grid, shifted, d.window, d.window_area, d.window_max_t)
+        index = window_token_index(grid, wins)
+        n = int(np.prod(grid))
+        pos = np.zeros((n, 3), dtype=np.int64)
+        for idx, local in zip(index, window_local_positions(wins)):
+            pos[idx] = video_positions(local, text_len)
+        c, s = self._tables(pos)
+        return Plan(index, c[None], s[None])
+
+
+class GraphBackend:
+    """The pipeline Backend over per-module runners.
+
+    ``get(name)`` returns a runner; ``release(name)`` (streamed mode) frees it. With
+    ``streamed=True`` the DiT block graphs are fetched right before use and released after.
+    """
+
+    def __init__(self, cfg: SeedVR2Config, get: Callable[[str], Runner],
+                 release: Callable[[str], None] | None = None, streamed: bool = False) -> None:
+        self.cfg, self.get, self.release, self.streamed = cfg, get, release, streamed
+        self.geometry = DiTGeometry(cfg)
+
+    def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, logvar = self.get("vae_encode").run([np.ascontiguousarray(x, dtype=np.float32)])
+        return mean, logvar
+
+    def decode(self, z: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(z, dtype=np.float32)
+        names, temporal = decode_stage_names(self.cfg), decode_stage_temporal(self.cfg)
+        for k, name in enumerate(names):
+            x = self.get(name).run([x])[0]
+            if k < len(temporal):
+                x = depth_to_space(x, temporal[k])
+        return x
+
+    def _attention(self, attn: Runner, qv, kv, vv, qt, kt, vt, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+        """Per window: [window video rows, all text rows] -> scatter video, average text."""
+        out_v = np.zeros_like(qv)
+        acc_t = np.zeros_like(qt)
+        for idx in plan.index:
+            q = np.concatenate([qv[:, idx], qt], axis=1)
+            k = np.concatenate([kv[:, idx], kt], axis=1)
+            v = np.concatenate([vv[:, idx], vt], axis=1)
+            o = attn.run([q, k, v])[0]
+            out_v[:, idx] = o[:, : len(idx)]
+            acc_t = acc_t + o[:, len(idx):]
+        return out_v, (acc_t / np.float32(len(plan.index))).astype(np.float32)
+
+    def dit(self, cond: np.ndarray, txt: np.ndarray, t: float, stages: dict[str, np.ndarray]) -> np.ndarray:
+        d = self.cfg.dit
+        T, H, W, _ = cond.shape
+        grid = (T, H // 2, W // 2)
+        L = txt.shape[0]
+        vid, tx = self.get("dit_input").run([patchify_np(cond), np.ascontiguousarray(txt[None], dtype=np.float32)])
+        stages["vid_tokens"], stages["txt_tokens"] = vid[0], tx[0]
+        emb6 = self.get("dit_embedding").run([timestep_sinusoid(t, d.sinusoidal_dim).numpy()[None]])[0]
+        stages["emb"] = np.ascontiguousarray(emb6[0].T.reshape(-1))  # back to the interleaved layout
+        cos_t, sin_t = self.geometry.text_tables(L)
+        plans = {s: self.geometry.plan(grid, s, L) for s in (False, True)}
+        attn = self.get("dit_attention")
+        for i in range(d.num_layers):
+            pre_name, post_name = block_names(i)
+            plan = plans[i % 2 == 1]
+            pre = self.get(pre_name)
+            qv, kv, vv, qt, kt, vt = pre.run([vid, tx, emb6, plan.cos_v, plan.sin_v, cos_t, sin_t])
+            if self.streamed and self.release:
+                self.release(pre_name)
+            attn_v, attn_t = self._attention(attn, qv, kv, vv, qt, kt, vt, plan)
+            attn_v = attn_v.reshape(1, attn_v.shape[1], -1)
+            attn_t = attn_t.reshape(1, attn_t.shape[1], -1)
+            post = self.get(post_name)
+            if i == d.num_layers - 1:
+                vid = post.run([vid, emb6, attn_v])[0]
+            else:
+                vid, tx = post.run([vid, tx, emb6, attn_v, attn_t])
+            if self.streamed and self.release:
+                self.release(post_name)
+            stages[f"block_{i:02d}"] = vid[0]
+        out = self.get("dit_output").run([vid, emb6])[0]
+        stages["vid_out"] = out[0]
+        vel = unpatchify_np(out[0], grid, d.vid_out_channels)
+        stages["velocity"] = vel
+        return vel
+
+
+def torch_runners(specs: Mapping[str, Any]) -> dict[str, Runner]:
+    """TorchModule runners over every spec's wrapper (same interface as the ncnn graphs)."""
+    from ncnnport.runtime.session import TorchModule
+
+    return {name: TorchModule(spec.build(), spec.to_json()) for name, spec in specs.items()}

@@ -1,0 +1,145 @@
+"""The SeedVR2 export split: one :class:`ModuleSpec` per ncnn graph.
+
+Graphs (N video tokens, L text tokens, S = window tokens + L; T/H/W pixel frames/size; f/h/w
+latent or decoder-internal frames/size):
+  vae_encode           x (1,3,T,H,W) -> mean, logvar (1,16,t,h,w)        dynamic T, H, W
+  vae_decode_k         decoder segment k (k = 0..3); host depth-to-space in between
+  dit_input            (1,N,132), (1,L,txt_in) -> (1,N,D), (1,L,D)
+  dit_embedding        sinusoid (1,256) -> emb6 (1,6,D)
+  dit_block_XX_pre     norm/modulation/QKV/QK-norm/RoPE of block XX (weights per block)
+  dit_attention        one window: q,k,v (1,S,H,hd) -> (1,S,H,hd); weightless, shared by all
+  dit_block_XX_post    proj_out/gates/MLP of block XX; attention outputs arrive flattened
+                       (1,N,H*hd) (last block: video only)
+  dit_output           (1,N,D), emb6 -> (1,N,64)
+Host between the graphs (runner.py): patchify, sinusoid, window partition (gather each
+window's Q/K/V rows, scatter video outputs, average text outputs), window-local RoPE tables,
+VAE depth-to-space (+ frame drop). Every axis is dynamic (traced at two sizes), so one package serves every resolution and
+frame count; no per-shape graphs are needed. The two trace sizes must differ in every product
+pnnx might fold (H*W above all: with 32x48 and 48x32 pnnx baked H*W = 1536 into the per-frame
+GroupNorm reshape and the graph failed at other areas), hence the unequal areas below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ncnnport.contract import ModuleSpec, TensorSpec
+from ncnnport.models.seedvr2 import wrappers as W
+from ncnnport.models.seedvr2.config import SeedVR2Config
+from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
+
+
+def _tables(n: int, hd: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Valid rotate-half cos / signed-sin tables for random angles (channels j, j+hd/2 pair)."""
+    ang = rng.uniform(-40.0, 40.0, size=(1, n, hd // 2)).astype(np.float32)
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    return np.concatenate([c, c], axis=-1), np.concatenate([-s, s], axis=-1)
+
+
+def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def dit_specs(model: Any) -> list[ModuleSpec]:
+    dit = model.dit
+    d = dit.cfg
+    D, H, hd = d.vid_dim, d.heads, d.head_dim
+    axes_nl = {"n": (48, 80), "l": (7, 12)}
+    specs = [
+        ModuleSpec("dit_input", lambda: W.DiTInput(dit).eval(),
+                   [TensorSpec("vid", (1, "n", d.patch_features)), TensorSpec("txt", (1, "l", d.txt_in_dim))],
+                   [TensorSpec("vid_h", (1, "n", D)), TensorSpec("txt_h", (1, "l", D))],
+                   axes=dict(axes_nl), parity_sizes=[{"n": 1, "l": 1}, {"n": 450, "l": 58}]),
+        ModuleSpec("dit_embedding", lambda: W.DiTEmbedding(dit).eval(),
+                   [TensorSpec("sinus", (1, d.sinusoidal_dim))], [TensorSpec("emb6", (1, 6, D))],
+                   notes="timestep sinusoid computed on the host; output rows l*3+g"),
+        ModuleSpec("dit_attention", lambda: W.DiTAttention(hd).eval(),
+                   [TensorSpec(n, (1, "s", H, hd)) for n in ("q", "k", "v")],
+                   [TensorSpec("o", (1, "s", H, hd))], axes={"s": (40, 70)},
+                   parity_sizes=[{"s": 8}, {"s": 300}],
+                   notes="one window's [video, text] sequence; full softmax, scale 1/sqrt(hd)"),
+    ]
+
+    def pre_inputs(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+        n, l = sizes["n"], sizes["l"]
+        cv, sv = _tables(n, hd, rng)
+        ct, st = _tables(l, hd, rng)
+        return [_normal(rng, 1, n, D), _normal(rng, 1, l, D), _normal(rng, 1, 6, D), cv, sv, ct, st]
+
+    for i, block in enumerate(dit.blocks):
+        pre, post = block_names(i)
+        specs.append(ModuleSpec(
+            pre, (lambda b=block: W.DiTBlockPre(b).eval()),
+            [TensorSpec("vid", (1, "n", D)), TensorSpec("txt", (1, "l", D)), TensorSpec("emb6", (1, 6, D)),
+             TensorSpec("cos_v", (1, "n", hd)), TensorSpec("sin_v", (1, "n", hd)),
+             TensorSpec("cos_t", (1, "l", hd)), TensorSpec("sin_t", (1, "l", hd))],
+            [TensorSpec(f"{a}_{s}", (1, "n" if s == "v" else "l", H, hd)) for s in ("v", "t") for a in "qkv"],
+            axes=dict(axes_nl), make_inputs=pre_inputs, parity_sizes=[{"n": 1, "l": 1}],
+            notes="Q/K channels permuted to rotate-half order (attention logits unchanged)"
+                  + ("; last block: text normalised, not modulated" if block.is_last else "")))
+        if block.is_last:
+            ins = [TensorSpec("vid", (1, "n", D)), TensorSpec("emb6", (1, 6, D)),
+                   TensorSpec("attn_v", (1, "n", H * hd))]
+            outs = [TensorSpec("vid_out", (1, "n", D))]
+            axes = {"n": (48, 80)}
+            extra = [{"n": 1}]
+        else:
+            ins = [TensorSpec("vid", (1, "n", D)), TensorSpec("txt", (1, "l", D)), TensorSpec("emb6", (1, 6, D)),
+                   TensorSpec("attn_v", (1, "n", H * hd)), TensorSpec("attn_t", (1, "l", H * hd))]
+            outs = [TensorSpec("vid_out", (1, "n", D)), TensorSpec("txt_out", (1, "l", D))]
+            axes, extra = dict(axes_nl), [{"n": 1, "l": 1}]
+        specs.append(ModuleSpec(post, (lambda b=block: W.DiTBlockPost(b).eval()), ins, outs, axes=axes,
+                                parity_sizes=extra))
+    specs.append(ModuleSpec(
+        "dit_output", lambda: W.DiTOutput(dit).eval(),
+        [TensorSpec("vid", (1, "n", D)), TensorSpec("emb6", (1, 6, D))],
+        [TensorSpec("vid_out", (1, "n", d.vid_out_channels * 4))], axes={"n": (48, 80)},
+        parity_sizes=[{"n": 1}], notes="modulation from the ATTENTION rows of emb (official quirk)"))
+    return specs
+
+
+def vae_specs(model: Any) -> list[ModuleSpec]:
+    vae = model.vae
+    cfg: SeedVR2Config = model.config
+    v = cfg.vae
+    specs = [ModuleSpec(
+        "vae_encode", lambda: W.VAEEncode(vae).eval(),
+        [TensorSpec("x", (1, v.in_channels, "t", "h", "w"))],
+        [TensorSpec("mean", (1, v.latent_channels, "lt", "lh", "lw")),
+         TensorSpec("logvar", (1, v.latent_channels, "lt", "lh", "lw"))],
+        axes={"t": (5, 9), "h": (32, 48), "w": (48, 40)},
+        make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, sizes["t"], sizes["h"], sizes["w"]))
+                                        .astype(np.float32)],
+        parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
+        notes="causal conv = concat of frame-0 copies + Convolution3D; per-frame GroupNorm via "
+              "reshape + mean/var; T must be 4n+1, H and W multiples of 8")]
+    # Decoder segments: the sizes entering segment k follow from the latent (f, h, w).
+    temporal = decode_stage_temporal(cfg)
+    chans = list(reversed(v.block_out_channels))
+
+    def sizes_at(k: int, f: int, h: int, w: int) -> tuple[int, int, int]:
+        for j in range(k):
+            f = 2 * f - 1 if temporal[j] else f
+            h, w = 2 * h, 2 * w
+        return f, h, w
+
+    for k, name in enumerate(decode_stage_names(cfg)):
+        cin = v.latent_channels if k == 0 else chans[k - 1]
+        last = k == len(chans) - 1
+        cout = v.in_channels if last else chans[k] * (8 if temporal[k] else 4)
+        a0, a1 = sizes_at(k, 2, 4, 6), sizes_at(k, 3, 6, 5)
+        extra = [dict(zip("fhw", sizes_at(k, 1, 2, 2))), dict(zip("fhw", sizes_at(k, 1, 5, 3)))]
+        specs.append(ModuleSpec(
+            name, (lambda k=k: W.VAEDecodeStage(vae, k).eval()),
+            [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"))],
+            axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
+            parity_sizes=extra,
+            notes="decoder segment; the host applies depth-to-space"
+                  + ("" if last else (" with frame drop" if temporal[k] else " (spatial)")) + " after it"))
+    return specs
+
+
+def module_specs(model: Any) -> list[ModuleSpec]:
+    return vae_specs(model) + dit_specs(model)
