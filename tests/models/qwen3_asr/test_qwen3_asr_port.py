@@ -199,3 +199,42 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
     by_module = {m["module"]: m for m in trace["modules"]}
     assert by_module["prefill_layer1"]["local_max_abs"] > 10 * by_module["prefill_layer0"]["local_max_abs"]
     assert trace["worst_tensors"] and (tmp_path / "trace").is_dir()
+
+
+def test_encoder_and_decode_interleaved_stay_identical_flat_and_bounded(built):
+    """Issue 6: 100 rounds of audio-encoder calls alternating with decode steps, each on its own
+    sessions: outputs bit-identical to the isolated calls, no upward drift, bounded RSS."""
+    from ncnnport.runtime.bench import interleave
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    calls = {}
+    for stage, size in (("audio_encoder", "2"), ("decode", "16")):
+        calls[stage] = prep.port.bench_call(prep.loaded, open_ncnn_modules(pkg), stage, size)
+    res = interleave(calls, rounds=100, warmup=3)
+    for name, r in res.items():
+        assert r.identical_outputs, (name, r.mismatched_calls[:5])
+        assert r.drift_within(2.0), (name, r.drift_pct_per_100, r.drift_ci_pct_per_100)
+        assert r.rss_growth_mb < 16, (name, r.rss_growth_mb)
+
+
+def test_submodel_sessions_share_no_mutable_state(built):
+    """Each graph gets its own Net and Option; a setting changed on one is invisible to the others,
+    and two pipelines over the same package keep separate KV caches."""
+    from ncnnport.models.qwen3_asr.bench import decode_inputs
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    mods = open_ncnn_modules(pkg)
+    nets = [m.net for m in mods.values()]
+    assert len({id(n) for n in nets}) == len(nets)
+    mods["audio_layer0"].net.opt.num_threads = 2
+    assert all(m.net.opt.num_threads == 1 for n, m in mods.items() if n != "audio_layer0")
+    # a decode layer's answer does not depend on what another session computed before
+    layer = mods["decode_layer0"]
+    inputs = decode_inputs(prep.loaded.reference, 16)[:6]
+    first = layer.run(inputs)
+    mods["audio_head"].run([np.zeros((1, 104, 64), np.float32)])
+    mods["decode_layer1"].run(decode_inputs(prep.loaded.reference, 40)[:6])
+    again = layer.run(inputs)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
