@@ -150,6 +150,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_package(args: argparse.Namespace) -> int:
+    from ncnnport.runtime.bench_cli import write_json
+    from ncnnport.runtime.package_bench import bench_package
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    rows = bench_package(args.package, backends, args.threads, args.warmup, args.runs,
+                         [m for m in args.modules.split(",")] if args.modules else None)
+    if args.json:
+        write_json(args.json, rows)
+    bad = [r for r in rows if not r["identical_outputs"]]
+    return 1 if bad else 0
+
+
 def cmd_nightly(args: argparse.Namespace) -> int:
     from ncnnport.nightly import run_nightly
     return run_nightly(_targets(args), args.build_dir / "nightly")
@@ -165,7 +177,12 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     prep = prepare(t)
     pkg = convert_stage(prep, force=args.force)
     from ncnnport.runtime.options import RuntimeOptions
-    modules = open_ncnn_modules(pkg, options=RuntimeOptions(num_threads=args.threads))
+    options = RuntimeOptions(num_threads=args.threads)
+    if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
+        from ncnnport.runtime.lazy_modules import LazyModules
+        modules = LazyModules(pkg, options=options)
+    else:
+        modules = open_ncnn_modules(pkg, options=options)
     return int(port.run(prep.loaded, modules, margs) or 0)
 
 
@@ -199,6 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
+    p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
+                                              "(no model code): every graph on cpu / vulkan")
+    p.add_argument("package", type=Path)
+    p.add_argument("--backends", default="cpu,vulkan")
+    p.add_argument("--modules", default=None, help="comma list of graph names (default: all)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--json", type=Path, default=None)
     p = sub.add_parser("nightly", help="every model, fixture and precision mode + stability; "
                                         "exit 1 on a failed gate or a regression vs the last nightly")
     _common(p)
@@ -225,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
                    "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
-                   "nightly": cmd_nightly}[args.verb]
+                   "nightly": cmd_nightly, "bench-package": cmd_bench_package}[args.verb]
     try:
         return handler(args)
     except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:

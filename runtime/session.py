@@ -98,6 +98,9 @@ class NcnnModule:
         for t in self.outputs:
             if t.name not in blobs:
                 raise NcnnError(f"module {self.name}: output blob {t.name!r} not in {self.param}")
+        if options.use_vulkan and ncnn.get_gpu_count() == 0:
+            # ncnn would silently run on the CPU; a "vulkan" number must come from a GPU
+            raise NcnnError(f"module {self.name}: Vulkan requested but ncnn sees no GPU")
         self.net = ncnn.Net()
         options.apply(self.net.opt)
         if options.use_vulkan:
