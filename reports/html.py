@@ -54,6 +54,8 @@ def render(summary: dict[str, Any]) -> str:
     if toks:
         sections.append("<h2>Reference top-2 logit margins per generated step</h2>")
         for r in toks[:8]:
+            sections.append(f"<h3>{escape(r['fixture'])}: {escape(r['stage'])} "
+                            f"({r['tokens_matched']}/{r['tokens_compared']} tokens match; dashed line = 2 x logit noise)</h3>")
             sections.append(line_chart(f"{r['fixture']} {r['stage']}", list(range(len(r["reference_margins"]))),
                                        {"top-2 margin": r["reference_margins"]}, log=True,
                                        threshold=(2 * r["logit_noise"]) if r.get("logit_noise") else None,
