@@ -4,13 +4,14 @@
 (``NcnnModule``) or the torch export wrapper (``TorchModule``), so the same code is the ncnn
 runtime, the e2e parity candidate and a check of the split itself. Host work: image processing,
 window permutation and its inverse, RoPE tables and masks (from ``ncnnport.runtime``), token
-fusion, the latent KV cache bookkeeping and greedy selection.
+fusion, the tied token-embedding row lookup (``tied_embed``), the latent KV cache bookkeeping
+and greedy selection.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig
 from ncnnport.models.youtu_vl.processor import (ProcessedImage, patch_permutation, patch_positions,
                                                 window_layout)
 from ncnnport.models.youtu_vl.prompt import fuse
+from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
 from ncnnport.runtime.rope import cos_sin, inv_freq
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
@@ -68,7 +70,10 @@ def vision_module_names(cfg: YoutuVLConfig, mode: str = "segments") -> list[str]
 
 
 def module_names(cfg: YoutuVLConfig, vision_mode: str = "segments") -> list[str]:
-    return [*vision_module_names(cfg, vision_mode), MERGER, EMBED,
+    """Exported graphs. A tied token embedding has no graph: the host reads its rows from the
+    lm_head weights (``tied_embed``), so the package stores the ``[V,H]`` table once."""
+    embed = [] if cfg.text.tie_word_embeddings else [EMBED]
+    return [*vision_module_names(cfg, vision_mode), MERGER, *embed,
             *(layer_name(i) for i in range(cfg.text.num_hidden_layers)), LM_HEAD]
 
 
@@ -167,6 +172,8 @@ def forward_llm(runners: Mapping[str, Any], embeds: np.ndarray, cache: LatentCac
 
 
 def embed_ids(runners: Mapping[str, Any], ids: np.ndarray) -> np.ndarray:
+    """Token embeddings ``[S,H]`` from ``runners[EMBED]`` (a graph, or the host lookup that
+    ``tied_embed.with_tied_embedding`` adds for a tied checkpoint)."""
     (emb,) = runners[EMBED].run([np.asarray(ids, dtype=np.int32).reshape(1, -1)])
     return emb[0]
 
@@ -182,8 +189,18 @@ class Generation:
 
 def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
              image: ProcessedImage | None, max_new_tokens: int, *, stop_at_eos: bool = True,
-             on_token: Callable[[int], None] | None = None, keep_logits: bool = False) -> Generation:
-    """Greedy generation; ``on_token`` is called with every new id (streaming)."""
+             on_token: Callable[[int], None] | None = None, keep_logits: bool = False,
+             forced: Sequence[int] | None = None) -> Generation:
+    """Greedy generation; ``on_token`` is called with every new id (streaming).
+
+    ``forced`` (teacher forcing): step i feeds ``forced[i]`` instead of the argmax, so the
+    pipeline sees exactly the reference's sequence and its step logits can be compared with the
+    reference's one by one (KL, top-k); ``gen.tokens`` still records this pipeline's own argmax.
+    At most ``len(forced)`` steps run.
+    """
+    if forced is not None:
+        max_new_tokens = min(max_new_tokens, len(forced))
+    runners = with_tied_embedding(runners)
     vision = merged = None
     if image is not None:
         vision, merged = encode_image(runners, image, cfg)
@@ -200,5 +217,6 @@ def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
             on_token(token)
         if (stop_at_eos and token == EOS_ID) or step == max_new_tokens - 1:
             break
-        logits = forward_llm(runners, embed_ids(runners, np.array([token])), cache, cfg)
+        fed = token if forced is None else int(forced[step])
+        logits = forward_llm(runners, embed_ids(runners, np.array([fed])), cache, cfg)
     return gen

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 
 from ncnnport.contract import ModuleSpec, Tolerance
 from ncnnport.parity.records import stage_record, token_record
+from ncnnport.parity.tokens import teacher_forced_stats
 from ncnnport.registry import E2EContext, LoadedModel, ModelPort
 
 MIN_TOKENS = 64
@@ -54,12 +56,36 @@ class YoutuVLPort(ModelPort):
                 cases.append((f"user:{Path(path).name}", img.convert("RGB"), "Describe this image."))
         min_tokens = int(ctx.policy.number("min_tokens", MIN_TOKENS, ctx.precision)) if ctx.policy \
             else MIN_TOKENS
+        gate = ctx.policy.token_gate(ctx.precision) if ctx.policy else None
+        trace_fixture = next((name for name, image, _ in cases if image is not None), None)
         records: list[dict[str, Any]] = []
         for name, image, prompt in cases:
             records += e2e_case(ctx.loaded, ctx.ncnn_modules, name, image, prompt,
                                 lambda stage: _stage_tol(ctx, stage), max(min_tokens, MIN_TOKENS),
-                                torch_modules=ctx.torch_modules)
+                                torch_modules=ctx.torch_modules, gate=gate,
+                                trace_ctx=ctx if name == trace_fixture else None)
         return records
+
+    # --- bench ------------------------------------------------------------------------------
+    def bench_stages(self) -> dict[str, list[str]]:
+        from ncnnport.models.youtu_vl.bench import STAGES
+
+        return {k: list(v) for k, v in STAGES.items()}
+
+    def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
+        from ncnnport.models.youtu_vl.bench import ncnn_call
+
+        return ncnn_call(loaded.reference, modules, stage, size)
+
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
+        from ncnnport.models.youtu_vl.bench import torch_call
+
+        return torch_call(loaded.reference, stage, size)
+
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
+        from ncnnport.models.youtu_vl.bench import stage_bytes
+
+        return stage_bytes(loaded.reference, stage, size)
 
     # --- run ------------------------------------------------------------------------------------
     def add_run_arguments(self, parser: Any) -> None:
@@ -125,21 +151,28 @@ def _stage_tol(ctx: E2EContext, stage: str) -> Tolerance:
 
 def e2e_case(loaded: LoadedModel, runners: Mapping[str, Any], fixture: str, image: Any, prompt: str,
              tol_for: Any, max_new_tokens: int,
-             torch_modules: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+             torch_modules: Mapping[str, Any] | None = None, gate: dict[str, Any] | None = None,
+             trace_ctx: E2EContext | None = None) -> list[dict[str, Any]]:
     """Reference (PyTorch, transformers LLM with its own cache) vs the pipeline on ``runners``.
 
     Stages: tower output, merged visual tokens, last-position prefill logits, and greedy tokens
-    (EOS does not stop either side, so every fixture compares ``max_new_tokens`` tokens). With
-    ``torch_modules`` the same pipeline also runs on the eager wrappers: a mismatch there is an
-    export-split bug, one only on ncnn is a conversion bug.
+    (EOS does not stop either side, so every fixture compares ``max_new_tokens`` tokens). The
+    pipeline is also run teacher-forced on the reference tokens: per-step KL, top-1/top-5 and the
+    logit noise (which classifies a free-running flip as near-tie or hard failure) go into the
+    token record, and ``gate`` (the precision mode's token gate) decides how tokens are judged.
+    With ``torch_modules`` the same pipeline also runs on the eager wrappers: a mismatch there is
+    an export-split bug, one only on ncnn is a conversion bug. With ``trace_ctx`` a call-by-call
+    first-divergence trace of the teacher-forced run is added.
     """
     from ncnnport.models.youtu_vl.model import reference_generate
-    from ncnnport.models.youtu_vl.pipeline import generate
+    from ncnnport.models.youtu_vl.pipeline import EMBED, embed_ids, generate
     from ncnnport.models.youtu_vl.processor import process_image
     from ncnnport.models.youtu_vl.prompt import encode_prompt
+    from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 
     vl, tok = loaded.reference, loaded.extra["tokenizer"]
     cfg = vl.cfg
+    runners_in, runners = runners, with_tied_embedding(runners)
     processed = None if image is None else process_image(image, cfg.vision, cfg.processor)
     n_img = None if processed is None else processed.num_tokens
     ids = encode_prompt(tok, prompt, n_img, cfg.system_prompt)
@@ -148,20 +181,50 @@ def e2e_case(loaded: LoadedModel, runners: Mapping[str, Any], fixture: str, imag
         extra.update(grid=list(processed.grid_hw), visual_tokens=processed.num_tokens)
     ref = reference_generate(vl, ids, processed, max_new_tokens, stop_at_eos=False)
     cand = generate(runners, cfg, ids, processed, max_new_tokens, stop_at_eos=False)
+    forced = generate(runners, cfg, ids, processed, len(ref.tokens), stop_at_eos=False,
+                      keep_logits=True, forced=ref.tokens)
+    tf = teacher_forced_stats(ref.step_logits, forced.step_logits)
     recs: list[dict[str, Any]] = []
     if processed is not None:
         recs.append(stage_record(fixture, "vision", ref.vision, cand.vision, tol_for("vision"), **extra))
         recs.append(stage_record(fixture, "visual_tokens", ref.merged, cand.merged,
                                  tol_for("visual_tokens"), **extra))
+    every_id = np.concatenate([ids, np.asarray(ref.tokens, dtype=ids.dtype)])
+    recs.append(stage_record(fixture, "text_embeds", vl.embed(every_id), embed_ids(runners, every_id),
+                             tol_for("text_embeds"), host_lookup=EMBED not in runners_in, **extra))
     recs.append(stage_record(fixture, "last_logits", ref.first_logits[None], cand.first_logits[None],
                              tol_for("last_logits"), **extra))
     recs.append(token_record(fixture, ref.tokens, cand.tokens, ref.step_logits,
-                             min_tokens=max_new_tokens, **extra))
+                             min_tokens=max_new_tokens, logit_noise=tf["logit_noise"],
+                             teacher_forced=tf, gate=gate, **extra))
     if torch_modules:
         split = generate(torch_modules, cfg, ids, processed, max_new_tokens, stop_at_eos=False)
         recs.append(token_record(fixture, ref.tokens, split.tokens, ref.step_logits,
                                  stage="tokens_torch_split", min_tokens=max_new_tokens, **extra))
+    if trace_ctx is not None:
+        recs.append(trace_record(fixture, cfg, ids, processed, ref.tokens, trace_ctx))
     return recs
+
+
+def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[int],
+                 ctx: E2EContext) -> dict[str, Any]:
+    """First-divergence trace (parity.trace) of one generation teacher-forced on ``forced``, so
+    the torch-wrapper and ncnn runs make the same module calls in the same order."""
+    from ncnnport.models.youtu_vl.pipeline import generate
+    from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
+    from ncnnport.parity.trace import first_divergence
+
+    def pipeline_run(modules: Mapping[str, Any]) -> None:
+        generate(modules, cfg, ids, processed, len(forced), stop_at_eos=False, forced=forced)
+
+    # a tied embedding is a host lookup on each side (torch weight vs lm_head.ncnn.bin rows):
+    # added to both sets so the trace compares its calls like a graph's
+    torch_mods, ncnn_mods = with_tied_embedding(ctx.torch_modules), with_tied_embedding(ctx.ncnn_modules)
+    default = ctx.policy.default(ctx.precision) if ctx.policy else Tolerance()
+    tols = {n: ctx.policy.module(n, ctx.precision) for n in ncnn_mods} if ctx.policy else {}
+    return first_divergence(fixture, pipeline_run, torch_mods, ncnn_mods,
+                            lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
+                            keep_dir=ctx.package_dir.parent / "trace")
 
 
 PORT = YoutuVLPort()

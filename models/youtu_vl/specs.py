@@ -11,7 +11,9 @@ Split decisions (see wrappers.py for the graph bodies):
   ``[1,N,N]`` block-diagonal window mask input (simple, but O(N^2) mask memory and every window
   block attends over all N keys).
 - ``merger``: RMSNorm + 2x2 concat + MLP on the raster-order tower output.
-- ``text_embed``: ncnn Embed over int32 ids.
+- ``text_embed``: ncnn Embed over int32 ids, only for an untied checkpoint. With
+  ``tie_word_embeddings`` (Youtu-LLM) the host reads the rows out of ``lm_head.ncnn.bin``
+  (``tied_embed.py``), so the ``[V,H]`` table is stored once (tiny: -41 MB, 49% of the package).
 - ``llm_layer{i}``: one graph per decoder layer serving prefill and decode (dynamic query and
   past lengths), latent KV cache in/out.
 - ``lm_head``: final norm + tied head on the last row (static ``[1,1,H]``).
@@ -173,7 +175,8 @@ def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]
         vision = [_vision_spec(vl)]
     else:
         raise ValueError(f"vision split mode {vision_mode!r}: use 'segments' or 'masked'")
-    return [*vision, _merger_spec(vl), _embed_spec(vl),
+    embed = [] if vl.cfg.text.tie_word_embeddings else [_embed_spec(vl)]  # tied: host row lookup
+    return [*vision, _merger_spec(vl), *embed,
             *(_layer_spec(vl, i) for i in range(vl.cfg.text.num_hidden_layers)), _head_spec(vl)]
 
 

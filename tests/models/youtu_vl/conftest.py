@@ -20,3 +20,13 @@ def tiny(tiny_folder):
     from ncnnport.models.youtu_vl.checkpoint import load_checkpoint
 
     return load_checkpoint(tiny_folder)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The generic stages on the tiny preset: (Prepared, package folder), converted once per session."""
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.targets import Target
+
+    prep = prepare(Target("youtu-vl", "tiny", None, tmp_path_factory.mktemp("youtu_build")))
+    return prep, convert_stage(prep)

@@ -11,24 +11,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def converted(tiny, tmp_path_factory):
-    """Export + pnnx-convert every module once per session (lead's generic stages)."""
-    from ncnnport.convert.pnnx_runner import convert_module
-    from ncnnport.export.tracing import export_module
-    from ncnnport.models.youtu_vl.specs import module_specs
-    from ncnnport.runtime.session import NcnnModule, TorchModule
+def converted(built):
+    """Every module of the session's converted package (conftest ``built``), ncnn and torch."""
+    from ncnnport.fsutil import read_json
+    from ncnnport.stages import open_ncnn_modules, torch_modules
 
-    vl, _ = tiny
-    out = tmp_path_factory.mktemp("youtu_ncnn")
-    specs = module_specs(vl)
-    ncnn_mods, torch_mods, receipts = {}, {}, {}
-    for spec in specs:
-        rec = export_module(spec, out / "ts")
-        receipts[spec.name] = convert_module(rec, out / "ts" / f"{spec.name}.pt", out / "ncnn")
-        ncnn_mods[spec.name] = NcnnModule(out / "ncnn" / f"{spec.name}.ncnn.param",
-                                          out / "ncnn" / f"{spec.name}.ncnn.bin", rec)
-        torch_mods[spec.name] = TorchModule(spec.build(), rec)
-    return specs, ncnn_mods, torch_mods, receipts
+    prep, pkg = built
+    receipts = {c["module"]: c for c in read_json(pkg / "manifest.json")["pnnx_commands"]}
+    return prep.specs, open_ncnn_modules(pkg), torch_modules(prep), receipts
 
 
 def _policy() -> Policy:
@@ -88,21 +78,19 @@ def test_masked_vision_tower_graph(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["grid_12x18", "six_windows", "tiny_5x7", "text_only"])
-def test_ncnn_generation_matches_reference(tiny, tiny_folder, converted, name):
+def test_ncnn_generation_matches_reference(built, converted, name):
     from ncnnport.models.youtu_vl.fixtures import FIXTURES
     from ncnnport.models.youtu_vl.port import e2e_case
-    from ncnnport.registry import LoadedModel
 
-    vl, tok = tiny
-    loaded = LoadedModel(name="youtu-vl", preset="tiny", ckpt=None, config=vl.cfg.to_json(),
-                         reference=vl, extra={"tokenizer": tok, "folder": tiny_folder})
+    prep, _ = built
     _, ncnn_mods, _, _ = converted
     fx = {f.name: f for f in FIXTURES}[name]
     policy = _policy()
-    recs = e2e_case(loaded, ncnn_mods, fx.name, fx.image(), fx.prompt,
-                    lambda s: policy.stage(s), 64)
+    recs = e2e_case(prep.loaded, ncnn_mods, fx.name, fx.image(), fx.prompt,
+                    lambda s: policy.stage(s), 64, gate=policy.token_gate("fp32"))
     assert all(r["passed"] for r in recs), [(r["stage"], r["reason"]) for r in recs]
     tokens = next(r for r in recs if r["stage"] == "tokens")
     assert tokens["tokens_matched"] == 64
+    assert tokens["teacher_forced"]["top1_agreement"] == 1.0 and tokens["teacher_forced"]["steps"] == 64
     stages = {r["stage"] for r in recs}
     assert ("vision" in stages) == (fx.size_hw is not None)

@@ -1,0 +1,143 @@
+"""Bench stages for Youtu-VL: the vision encoder on an HxW image, one decode step at cache P.
+
+Each factory returns a zero-argument callable with fixed inputs, so repeated calls must return
+bit-identical outputs. ``vision_encoder`` is the whole host+graph path of ``encode_image``
+(window permutation, RoPE tables, every vision segment per window, inverse permutation, merger)
+on a synthetic image sent through the processor; ``decode`` is one token through the token embedding (host lookup when tied),
+every ``llm_layer{i}`` and ``lm_head`` on a latent cache of P real positions (plus the dummy
+row). The torch factories time the same work in eager PyTorch for the speed ratio: the
+reference tower + merger, and transformers' ``YoutuForCausalLM`` on one token at cache P.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ncnnport.models.youtu_vl.fixtures import synthetic_image
+from ncnnport.models.youtu_vl.pipeline import EMBED, LM_HEAD, encode_image, layer_name
+from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
+from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
+from ncnnport.runtime import masks
+from ncnnport.runtime.rope import cos_sin, inv_freq
+
+STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512")}
+DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
+
+Call = Callable[[], list[np.ndarray]]
+
+
+def image_size(size: str) -> tuple[int, int]:
+    """``"HxW"`` -> (H, W) in pixels."""
+    try:
+        h, w = (int(v) for v in size.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"youtu-vl vision_encoder size {size!r}: use HxW pixels, e.g. 448x448") from None
+    if h < 1 or w < 1:
+        raise ValueError(f"youtu-vl vision_encoder size {size!r} is empty")
+    return h, w
+
+
+def cache_length(size: str) -> int:
+    try:
+        past = int(size)
+    except ValueError:
+        raise ValueError(f"youtu-vl decode size {size!r}: use a cache position, e.g. 512") from None
+    if past < 0:
+        raise ValueError(f"youtu-vl decode size {size!r} is negative")
+    return past
+
+
+def bench_image(vl: Any, size: str) -> ProcessedImage:
+    """A fixed synthetic image of ``size`` pixels through the processor (resize rule included)."""
+    return process_image(synthetic_image(*image_size(size), seed=3), vl.cfg.vision, vl.cfg.processor)
+
+
+def decode_inputs(vl: Any, past: int, seed: int = 0) -> dict[str, Any]:
+    """Inputs of one decode step at cache position ``past``: the ``[1,1]`` token id, RoPE at
+    ``past``, the mask over dummy + past + self, and a random per-layer latent cache."""
+    t = vl.cfg.text
+    rng = np.random.default_rng(seed)
+    cos, sin = cos_sin(np.array([past]), inv_freq(t.qk_rope_head_dim, t.rope_theta))
+    mask = masks.causal(1, past + 1)
+    mask[:, :, 0] = masks.MASKED  # row 0 of the cache is the dummy the pipeline always hides
+    layers = [(rng.standard_normal((1, past + 1, t.kv_lora_rank)).astype(np.float32),
+               rng.standard_normal((1, past + 1, t.qk_rope_head_dim)).astype(np.float32))
+              for _ in range(t.num_hidden_layers)]
+    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos[None], "sin": sin[None],
+            "mask": mask, "cache": layers}
+
+
+def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Call:
+    if stage == "vision_encoder":
+        image = bench_image(vl, size)
+
+        def encode() -> list[np.ndarray]:
+            raster, merged = encode_image(modules, image, vl.cfg)
+            return [raster, merged]
+        return encode
+    if stage == "decode":
+        d = decode_inputs(vl, cache_length(size))
+        embed, head = with_tied_embedding(modules)[EMBED], modules[LM_HEAD]
+        layers = [modules[layer_name(i)] for i in range(vl.cfg.text.num_hidden_layers)]
+
+        def step() -> list[np.ndarray]:
+            (h,) = embed.run([d["ids"]])
+            for layer, (latent, krot) in zip(layers, d["cache"]):
+                h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
+            return head.run([h])
+        return step
+    raise ValueError(f"youtu-vl: no bench stage {stage!r}; known: {', '.join(STAGES)}")
+
+
+def torch_call(vl: Any, stage: str, size: str) -> Call | None:
+    if stage == "vision_encoder":
+        image = bench_image(vl, size)
+
+        def encode() -> list[np.ndarray]:
+            raster = vl.vision_features(image)
+            return [raster, vl.merge(raster)]
+        return encode
+    if stage == "decode":
+        return torch_decode_call(vl, cache_length(size))
+    return None
+
+
+def torch_decode_call(vl: Any, past: int) -> Call:
+    """transformers' eager ``YoutuForCausalLM``: one token on a DynamicCache of ``past`` entries,
+    cropped back after each call so every call decodes at the same position."""
+    import torch
+    from transformers import DynamicCache
+
+    llm = vl.llm
+    g = torch.Generator().manual_seed(0)
+    cache = DynamicCache(config=llm.config)
+    with torch.no_grad():
+        if past:
+            prefix = torch.randn(1, past, vl.cfg.text.hidden_size, generator=g)
+            llm(inputs_embeds=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+    token = torch.tensor([[DECODE_TOKEN]])
+    if cache.get_seq_length() != past:
+        raise RuntimeError(f"youtu-vl torch decode bench: cache holds {cache.get_seq_length()}, not {past}")
+    position = torch.tensor([[past]])
+
+    def call() -> list[np.ndarray]:
+        with torch.no_grad():
+            out = llm(input_ids=token, cache=cache, position_ids=position, use_cache=True)
+        cache.crop(-1)  # drop the token just added: the cache is back at `past` entries
+        return [out.logits.float().numpy()]
+    return call
+
+
+def stage_bytes(vl: Any, stage: str, size: str) -> dict[str, int] | None:
+    """Bytes one decode call must read at least (fp32): every LLM layer's weights, the final norm
+    and the tied head table (the embedding row it also reads is one row of that table), and the
+    latent cache of dummy + P rows per layer. None for the compute-bound vision encoder."""
+    if stage != "decode":
+        return None
+    t = vl.cfg.text
+    layers = sum(p.numel() for layer in vl.model.layers for p in layer.parameters())
+    head = vl.model.norm.weight.numel() + vl.lm_head.weight.numel()
+    kv = t.num_hidden_layers * (cache_length(size) + 1) * (t.kv_lora_rank + t.qk_rope_head_dim)
+    return {"weights": 4 * (layers + head), "kv_cache": 4 * kv}

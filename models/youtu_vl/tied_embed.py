@@ -1,0 +1,111 @@
+"""The tied token embedding as a host-side row lookup into the lm_head weights.
+
+Youtu-LLM ties ``embed_tokens`` and ``lm_head`` (``tie_word_embeddings``). Exported as two graphs
+the ``[V,H]`` table is stored twice (an ncnn Embed in ``text_embed`` and the constant B of the
+``lm_head`` Gemm): 2 x 128266 x 80 x 4 B = 82 MB of the tiny package, 2 x 1.3 GB at real scale.
+An embedding is a row gather, no arithmetic, so the host reads the rows straight out of
+``lm_head.ncnn.bin`` (memory-mapped: only the rows used are paged in) and the package holds
+the table once. On the torch side the same lookup reads the wrapper's ``lm_head.weight``.
+
+Layout read here (checked strictly, the file is named on any mismatch): the lm_head graph is
+``Input -> RMSNorm(affine) -> Gemm(constant B, transB, N=V, K=H)``; its .bin holds the RMSNorm
+gamma (H raw float32, load type 1), then B with a 4-byte storage tag (0: float32,
+0x01306B47: float16, as written by pnnx fp16 weights) and ``V*H`` values, padded to 4 bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ncnnport.contract import TensorSpec
+
+EMBED_NAME = "text_embed"
+LM_HEAD_NAME = "lm_head"
+TAG_FP32 = 0
+TAG_FP16 = 0x01306B47
+
+
+class TiedEmbeddingError(ValueError):
+    """The lm_head graph does not have the layout the host-side lookup reads."""
+
+
+def _int(layer: Any, key: str, path: Path) -> int:
+    v = layer.get(key)
+    if v is None:
+        raise TiedEmbeddingError(f"{path}: layer {layer.name} has no param {key}=")
+    return int(v)
+
+
+def read_head_table(param: Path, weights: Path) -> np.ndarray:
+    """``[V,H]`` table of the lm_head Gemm, memory-mapped from ``weights`` (float32 or float16)."""
+    from ncnnport.convert.param_file import read_param
+
+    graph = read_param(param)
+    types = graph.layer_types()
+    if types != ["Input", "RMSNorm", "Gemm"]:
+        raise TiedEmbeddingError(f"{param}: expected Input, RMSNorm, Gemm for the tied lm_head, got {types}")
+    norm, gemm = graph.layers[1], graph.layers[2]
+    hidden = _int(norm, "0", param)
+    if _int(norm, "2", param) != 1:
+        raise TiedEmbeddingError(f"{param}: RMSNorm without affine weights")
+    if _int(gemm, "5", param) != 1 or _int(gemm, "3", param) != 1:
+        raise TiedEmbeddingError(f"{param}: Gemm B is not a constant [N,K] weight (5=1 3=1)")
+    vocab, k = _int(gemm, "8", param), _int(gemm, "9", param)
+    if k != hidden:
+        raise TiedEmbeddingError(f"{param}: Gemm K={k} but RMSNorm width {hidden}")
+    offset = hidden * 4
+    size = Path(weights).stat().st_size
+    if size < offset + 4:
+        raise TiedEmbeddingError(f"{weights}: {size} bytes, too short for the lm_head weights")
+    tag = int(np.fromfile(weights, dtype="<u4", count=1, offset=offset)[0])
+    dtype = {TAG_FP32: np.dtype("<f4"), TAG_FP16: np.dtype("<f2")}.get(tag)
+    if dtype is None:
+        raise TiedEmbeddingError(f"{weights}: lm_head weight storage tag {tag:#x} is not float32/float16")
+    n_bytes = vocab * hidden * dtype.itemsize
+    padded = (n_bytes + 3) // 4 * 4
+    if size != offset + 4 + padded:
+        raise TiedEmbeddingError(f"{weights}: {size} bytes, expected {offset + 4 + padded} for a "
+                                 f"{vocab}x{hidden} {dtype} lm_head")
+    return np.memmap(weights, dtype=dtype, mode="r", offset=offset + 4, shape=(vocab, hidden))
+
+
+class TiedEmbedding:
+    """Runner-shaped (``name``/``inputs``/``outputs``/``run``) host lookup ``ids [1,S] -> [1,S,H]``."""
+
+    def __init__(self, table: np.ndarray, source: str) -> None:
+        self.table, self.source = table, source
+        vocab, hidden = table.shape
+        self.name = EMBED_NAME
+        self.inputs = [TensorSpec("ids", (1, "seq"), "int32")]
+        self.outputs = [TensorSpec("embeds", (1, "seq", hidden))]
+
+    @classmethod
+    def from_head(cls, head: Any) -> "TiedEmbedding":
+        """From an lm_head runner: an ``NcnnModule`` (its .bin) or a ``TorchModule`` (its weight)."""
+        if hasattr(head, "param") and hasattr(head, "weights"):
+            return cls(read_head_table(head.param, head.weights), str(head.weights))
+        module = getattr(head, "module", None)
+        weight = getattr(getattr(module, "lm_head", None), "weight", None)
+        if weight is None:
+            raise TypeError(f"cannot read a tied embedding from lm_head runner {type(head).__name__}")
+        return cls(weight.detach().float().numpy(), "torch lm_head.weight")
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        (ids,) = arrays
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[0] != 1 or ids.dtype != np.int32:
+            raise ValueError(f"{self.name}: ids must be int32 [1,S], got {ids.dtype} {ids.shape}")
+        vocab = self.table.shape[0]
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"{self.name}: token id out of range [0, {vocab}): {ids.min()}..{ids.max()}")
+        return [np.asarray(self.table[ids[0]], dtype=np.float32)[None]]
+
+
+def with_tied_embedding(runners: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``runners`` plus a host ``text_embed`` read from its lm_head when no graph provides one."""
+    if EMBED_NAME in runners:
+        return runners
+    return {**runners, EMBED_NAME: TiedEmbedding.from_head(runners[LM_HEAD_NAME])}
