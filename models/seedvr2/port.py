@@ -50,6 +50,23 @@ FIXTURES = (
     Fixture("video_9x64x96", 9, 64, 96, 14),
 )
 RESIDENCY_FIXTURE = "image_256x448_multiwindow"
+# Call-by-call first-divergence trace and the reduced-precision frame records run on the small
+# image (one window; every graph is still called, each DiT block once).
+TRACE_FIXTURE = "image_64x96"
+PRECISION_FIXTURE = "image_64x96"
+
+
+def precision_options(precision: str, threads: int = 1):
+    """The run verb's ``--precision``: ncnn fp16 storage (+packed) or bf16 storage; arithmetic
+    stays fp32. ``fp32`` is the parity baseline."""
+    from ncnnport.runtime.options import RuntimeOptions
+
+    base = RuntimeOptions(num_threads=threads)
+    table = {"fp32": base, "fp16": base.with_(fp16_storage=True, fp16_packed=True),
+             "bf16": base.with_(bf16_storage=True)}
+    if precision not in table:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(table)}")
+    return table[precision]
 
 
 def read_frames(path: Path) -> np.ndarray:
@@ -108,32 +125,53 @@ def spec_json(module: Any) -> dict[str, Any]:
     return {"name": module.name, "inputs": [t(x) for x in module.inputs], "outputs": [t(x) for x in module.outputs]}
 
 
+def is_block_graph(name: str) -> bool:
+    return name.startswith("dit_block_")
+
+
 class StreamedModules:
-    """DiT block graphs loaded right before use and released right after (one block resident)."""
+    """DiT block graphs loaded right before use and released right after (one block resident).
+
+    Over a lazy mapping (``runtime.lazy_modules.LazyModules``, what the run verb gets) a block
+    graph is opened from disk on ``get`` and dropped on ``release``, so no more than one block
+    graph is ever held. Over an eager mapping (parity, which opened every graph already) each
+    block graph is reopened into a fresh ``NcnnModule``, which checks that a freshly loaded
+    graph gives the same bytes as the resident one.
+    """
 
     def __init__(self, modules: Mapping[str, Any]) -> None:
         self.modules = modules
+        self.lazy = callable(getattr(modules, "release", None))
         self.live: dict[str, Any] = {}
         self.loads = 0
+        self.peak_live = 0
 
     def get(self, name: str) -> Any:
-        if not name.startswith("dit_block_"):
+        if not is_block_graph(name):
             return self.modules[name]
-        if name not in self.live:
+        if name not in self.live and self.lazy:
+            self.live[name] = self.modules[name]
+            self.loads += 1
+        elif name not in self.live:
             from ncnnport.runtime.session import NcnnModule
 
             src = self.modules[name]
             self.live[name] = NcnnModule(src.param, src.weights, spec_json(src), src.options)
             self.loads += 1
+        self.peak_live = max(self.peak_live, len(self.live))
         return self.live[name]
 
     def release(self, name: str) -> None:
         self.live.pop(name, None)
+        if self.lazy:
+            self.modules.release(name)
 
 
 class SeedVR2Port(ModelPort):
     name = "seedvr2"
     presets = ("tiny",)
+    # the run verb hands over a LazyModules: streamed residency then never holds every block
+    lazy_modules = True
 
     # --- load / split --------------------------------------------------------------------------
     def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
@@ -207,7 +245,8 @@ class SeedVR2Port(ModelPort):
             geo = {"frames_in": int(video.shape[0]), "size": list(a.frames.shape[1:3]),
                    "latent_shape": list(a.stages["latent"].shape)}
             for stage in ["latent"] + sorted(k for k in a.stages if k.startswith("block_")) + ["vid_out", "decoded"]:
-                records.append(stage_record(label, stage, a.stages[stage], b.stages[stage], default, **geo))
+                tol = policy.stage("blocks" if stage.startswith("block_") else stage, prec) if policy else default
+                records.append(stage_record(label, stage, a.stages[stage], b.stages[stage], tol, **geo))
             records.append(stage_record(label, "frames", image_rows(a.frames), image_rows(b.frames),
                                         frames_tol, **geo, **image_stats(a.frames, b.frames)))
             if label == RESIDENCY_FIXTURE:
@@ -222,18 +261,80 @@ class SeedVR2Port(ModelPort):
                 if not identical:
                     records[-1]["passed"] = False
                     records[-1]["reason"] = "streamed blocks differ from resident blocks"
+            if label == TRACE_FIXTURE and ctx.torch_modules:
+                records.append(self._trace(label, video, seed, area, ctx))
+            if label == PRECISION_FIXTURE and prec == "fp32":
+                records += self._precision_records(ctx, label, video, seed, area, a.frames, b.frames, geo)
         return records
 
+    def _trace(self, label: str, video: np.ndarray, seed: int, area: int, ctx: E2EContext) -> dict[str, Any]:
+        """Call-by-call first-divergence trace: the pipeline on the torch wrappers vs on ncnn."""
+        from ncnnport.models.seedvr2.pipeline import restore
+        from ncnnport.models.seedvr2.runner import GraphBackend
+        from ncnnport.parity.trace import first_divergence
+
+        ref = ctx.loaded.reference
+        txt = ref.text.numpy()
+
+        def pipeline_run(modules: Mapping[str, Any]) -> None:
+            restore(ref.config, GraphBackend(ref.config, modules.__getitem__), video, txt, seed=seed, area=area)
+
+        default = ctx.policy.default(ctx.precision) if ctx.policy else Tolerance()
+        tols = {n: ctx.policy.module(n, ctx.precision) for n in ctx.ncnn_modules} if ctx.policy else {}
+        return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
+                                lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
+                                keep_dir=ctx.package_dir.parent / "trace")
+
+    def _precision_records(self, ctx: E2EContext, label: str, video: np.ndarray, seed: int, area: int,
+                           ref_frames: np.ndarray, fp32_frames: np.ndarray,
+                           geo: dict[str, Any]) -> list[dict[str, Any]]:
+        """End-to-end uint8 frames under every reduced-precision option of the sweep (ncnn
+        fp16/bf16 storage, fp16 arithmetic; pnnx fp16 weights when that package was built),
+        each vs the torch fp32 frames and vs the ncnn fp32 frames, judged by the frames gate of
+        the option's own precision mode. The option sweep keeps one worst number per option;
+        these records keep the frame metrics (MAE, PSNR, max diff, differing bytes) per option."""
+        from ncnnport.convert.manifest import check_package
+        from ncnnport.models.seedvr2.pipeline import restore
+        from ncnnport.parity.sweep import variants
+        from ncnnport.runtime.lazy_modules import LazyModules
+
+        ref = ctx.loaded.reference
+        out = []
+        for v in variants(gpu=False):
+            if v.precision == "fp32":
+                continue
+            pkg = ctx.package_dir
+            if v.fp16_weights:
+                pkg = ctx.package_dir.with_name("package-fp16w")
+                if check_package(pkg):
+                    continue  # not converted yet: the sweep converts it and measures it there
+            mods = LazyModules(pkg, options=v.options)
+            be, _ = self.graph_backend(ctx.loaded, mods)
+            c = restore(ref.config, be, video, ref.text.numpy(), seed=seed, area=area)
+            tol = ctx.policy.stage("frames", v.precision) if ctx.policy else Tolerance(0.999, 0.0, 8.0)
+            out.append(stage_record(label, f"precision:{v.name}", image_rows(ref_frames), image_rows(c.frames),
+                                    tol, **geo, precision_mode=v.precision, options=v.options.to_json(),
+                                    fp16_weights=v.fp16_weights, **image_stats(ref_frames, c.frames),
+                                    vs_ncnn_fp32=image_stats(fp32_frames, c.frames)))
+            mods.release_all()
+        return out
+
     # --- bench ---------------------------------------------------------------------------------
+    BENCH_SIZES = ["256x256", "512x512"]
+
     def bench_stages(self) -> dict[str, list[str]]:
-        """Sizes are pixel HxW of a single image (T = 1)."""
-        return {"vae_encode": ["64x96", "256x448"], "dit": ["64x96", "256x448"],
-                "vae_decode": ["64x96", "256x448"]}
+        """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0 (a
+        separate-weights mm block): pre graph, every window's attention, post graph; ``dit`` is
+        the whole DiT (input, embedding, all blocks, output head)."""
+        return {"dit_block": list(self.BENCH_SIZES), "vae_encode": list(self.BENCH_SIZES),
+                "vae_decode": list(self.BENCH_SIZES), "dit": list(self.BENCH_SIZES)}
 
     def _bench_inputs(self, loaded: LoadedModel, size: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cfg = loaded.reference.config
         h, w = (int(v) for v in size.lower().split("x"))
         s = cfg.vae.spatial_factor
+        if h % (2 * s) or w % (2 * s):
+            raise ValueError(f"bench size {size}: height and width must be multiples of {2 * s}")
         rng = np.random.default_rng(0)
         x = rng.uniform(-1, 1, (1, 3, 1, h, w)).astype(np.float32)
         cond = rng.standard_normal((1, h // s, w // s, cfg.dit.vid_in_channels)).astype(np.float32)
@@ -249,7 +350,43 @@ class SeedVR2Port(ModelPort):
         calls = {"vae_encode": lambda: list(backend.encode(x)),
                  "dit": lambda: [backend.dit(cond, txt, t, {})],
                  "vae_decode": lambda: [backend.decode(z)]}
+        if stage == "dit_block":
+            return self._block_call(loaded, backend, cond, txt)
         return calls[stage]
+
+    @staticmethod
+    def _block_call(loaded: LoadedModel, backend: Any, cond: np.ndarray, txt: np.ndarray) -> Any:
+        """Block 0 on the tokens the DiT's own input graphs give for ``cond`` (set up once)."""
+        from ncnnport.models.seedvr2.dit import timestep_sinusoid
+        from ncnnport.models.seedvr2.runner import patchify_np
+
+        cfg = loaded.reference.config
+        d = cfg.dit
+        T, H, W, _ = cond.shape
+        grid, L = (T, H // 2, W // 2), txt.shape[0]
+        if hasattr(backend, "block"):       # ncnn graphs
+            vid, tx = backend.get("dit_input").run([patchify_np(cond), np.ascontiguousarray(txt[None])])
+            emb6 = backend.get("dit_embedding").run([timestep_sinusoid(cfg.timestep, d.sinusoidal_dim).numpy()[None]])[0]
+            cos_t, sin_t = backend.geometry.text_tables(L)
+            plan = backend.geometry.plan(grid, False, L)
+            return lambda: list(backend.block(0, vid, tx, emb6, plan, cos_t, sin_t))
+        import torch                        # torch eager: the reference block on the same work
+
+        from ncnnport.models.seedvr2.mmrope import text_positions
+
+        dit = backend.dit_model
+        block = dit.blocks[0]
+        with torch.inference_mode():
+            v, x = dit.embed_inputs(torch.from_numpy(cond), torch.from_numpy(txt))
+            emb = dit.emb_in(cfg.timestep)
+            rope = block.attn.rope
+            plan = dit.window_plan(grid, block.shifted, L, rope)
+            tc, ts = rope.tables(torch.from_numpy(text_positions(L)))
+
+        def call():
+            with torch.inference_mode():
+                return [o.numpy() for o in block(v, x, emb, plan, tc, ts)]
+        return call
 
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
         return self._bench(loaded, self.graph_backend(loaded, modules)[0], stage, size)
@@ -268,18 +405,41 @@ class SeedVR2Port(ModelPort):
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--residency", choices=("resident", "streamed"), default="resident",
                             help="streamed: load, run and release each DiT block's graphs in turn")
+        parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                            help="ncnn storage precision: fp16 = fp16 storage+packed, bf16 = bf16 storage "
+                                 "(arithmetic fp32); error vs fp32 in the parity report's precision:* records")
         parser.add_argument("--no-colour-fix", action="store_true")
+
+    @staticmethod
+    def _with_precision(modules: Mapping[str, Any], precision: str) -> Mapping[str, Any]:
+        """The same package under the ``--precision`` storage options (thread count kept)."""
+        from ncnnport.runtime.lazy_modules import LazyModules
+
+        if hasattr(modules, "with_options"):
+            base = modules.options
+        else:
+            first = next(iter(modules.values()))
+            base = first.options
+            if precision == "fp32" and not (base.fp16_storage or base.bf16_storage):
+                return modules
+            modules = LazyModules(Path(first.param).parent.parent, base)
+        want = precision_options(precision, base.num_threads).with_(use_vulkan=base.use_vulkan)
+        return modules if want == base else modules.with_options(want)
 
     def run(self, loaded: LoadedModel, modules, args) -> int:
         from ncnnport.models.seedvr2.pipeline import restore
 
         video = read_frames(args.input)
         area = args.area or self._area(loaded, video.shape[1], video.shape[2])
-        backend, _ = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
+        modules = self._with_precision(modules, args.precision)
+        backend, streamer = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
         result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(),
                          seed=args.seed, area=area, colour_fix=not args.no_colour_fix)
         paths = write_frames(result.frames, args.output, single=not Path(args.input).is_dir())
-        print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output}")
+        held = (modules.live_peak(is_block_graph) if hasattr(modules, "live_peak")
+                else streamer.peak_live if streamer else "all")
+        print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output} "
+              f"[{args.precision}, {args.residency}: at most {held} DiT block graph(s) held at once]")
         sys.stdout.flush()
         return 0
 

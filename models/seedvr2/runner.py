@@ -135,6 +135,29 @@ class GraphBackend:
             acc_t = acc_t + o[:, len(idx):]
         return out_v, (acc_t / np.float32(len(plan.index))).astype(np.float32)
 
+    def block(self, i: int, vid: np.ndarray, tx: np.ndarray, emb6: np.ndarray, plan: Plan,
+              cos_t: np.ndarray, sin_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """DiT block ``i``: pre graph, windowed attention, post graph (streamed: each block graph
+        is fetched right before its call and released right after)."""
+        pre_name, post_name = block_names(i)
+        pre = self.get(pre_name)
+        qv, kv, vv, qt, kt, vt = pre.run([vid, tx, emb6, plan.cos_v, plan.sin_v, cos_t, sin_t])
+        del pre
+        if self.streamed and self.release:
+            self.release(pre_name)
+        attn_v, attn_t = self._attention(self.get("dit_attention"), qv, kv, vv, qt, kt, vt, plan)
+        attn_v = attn_v.reshape(1, attn_v.shape[1], -1)
+        attn_t = attn_t.reshape(1, attn_t.shape[1], -1)
+        post = self.get(post_name)
+        if i == self.cfg.dit.num_layers - 1:
+            vid = post.run([vid, emb6, attn_v])[0]
+        else:
+            vid, tx = post.run([vid, tx, emb6, attn_v, attn_t])
+        del post
+        if self.streamed and self.release:
+            self.release(post_name)
+        return vid, tx
+
     def dit(self, cond: np.ndarray, txt: np.ndarray, t: float, stages: dict[str, np.ndarray]) -> np.ndarray:
         d = self.cfg.dit
         T, H, W, _ = cond.shape
@@ -146,24 +169,8 @@ class GraphBackend:
         stages["emb"] = np.ascontiguousarray(emb6[0].T.reshape(-1))  # back to the interleaved layout
         cos_t, sin_t = self.geometry.text_tables(L)
         plans = {s: self.geometry.plan(grid, s, L) for s in (False, True)}
-        attn = self.get("dit_attention")
         for i in range(d.num_layers):
-            pre_name, post_name = block_names(i)
-            plan = plans[i % 2 == 1]
-            pre = self.get(pre_name)
-            qv, kv, vv, qt, kt, vt = pre.run([vid, tx, emb6, plan.cos_v, plan.sin_v, cos_t, sin_t])
-            if self.streamed and self.release:
-                self.release(pre_name)
-            attn_v, attn_t = self._attention(attn, qv, kv, vv, qt, kt, vt, plan)
-            attn_v = attn_v.reshape(1, attn_v.shape[1], -1)
-            attn_t = attn_t.reshape(1, attn_t.shape[1], -1)
-            post = self.get(post_name)
-            if i == d.num_layers - 1:
-                vid = post.run([vid, emb6, attn_v])[0]
-            else:
-                vid, tx = post.run([vid, tx, emb6, attn_v, attn_t])
-            if self.streamed and self.release:
-                self.release(post_name)
+            vid, tx = self.block(i, vid, tx, emb6, plans[i % 2 == 1], cos_t, sin_t)
             stages[f"block_{i:02d}"] = vid[0]
         out = self.get("dit_output").run([vid, emb6])[0]
         stages["vid_out"] = out[0]

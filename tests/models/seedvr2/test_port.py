@@ -137,3 +137,185 @@ def test_e2e_accepts_user_images_and_frame_folders(built, tmp_path, monkeypatch)
     frames = {r["fixture"]: r for r in recs if r["stage"] == "frames"}
     assert frames["input:clip"]["frames_in"] == 5 and frames["input:clip"]["latent_shape"][1] == 2
     assert frames["input:photo.png"]["size"] == [48, 32]
+
+
+# --- lazy modules, streamed residency, --precision ----------------------------------------------
+def _run_args(prep, *argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    prep.port.add_run_arguments(p)
+    return p.parse_args([str(a) for a in argv])
+
+
+def test_lazy_modules_open_on_access_and_check_the_manifest(built, tmp_path) -> None:
+    import shutil
+
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    _, pkg = built
+    mods = LazyModules(pkg)
+    assert len(mods) == 17 and "dit_block_00_pre" in mods and "nope" not in mods
+    assert mods.live == [] and mods.opens == 0           # len / in / iteration open nothing
+    m = mods["dit_block_00_pre"]
+    assert mods["dit_block_00_pre"] is m and mods.opens == 1
+    mods.release("dit_block_00_pre")
+    assert mods.live == [] and mods["dit_block_00_pre"] is not m and mods.opens == 2
+    with pytest.raises(KeyError):
+        mods["nope"]
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    with open(bad / "ncnn" / "dit_block_01_post.ncnn.bin", "r+b") as f:
+        f.seek(64)
+        f.write(b"\x01\x02\x03\x04")
+    with pytest.raises(RuntimeError, match="does not match its manifest"):
+        LazyModules(bad)
+
+
+def test_streamed_run_is_byte_identical_and_holds_one_block_graph(built, tmp_path) -> None:
+    """The run verb on a lazy mapping (what `ncnnport run` hands a port with lazy_modules):
+    resident ends up holding all 8 block graphs, streamed never more than one."""
+    from ncnnport.models.seedvr2.port import is_block_graph
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    prep, pkg = built
+    assert prep.port.lazy_modules
+    img = tmp_path / "in.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (128, 160, 3), dtype=np.uint8)).save(img)
+    outs, peaks = {}, {}
+    for residency in ("resident", "streamed"):
+        mods = LazyModules(pkg)
+        out = tmp_path / f"{residency}.png"
+        assert prep.port.run(prep.loaded, mods, _run_args(prep, "--input", img, "--output", out,
+                                                          "--residency", residency)) == 0
+        outs[residency] = np.asarray(Image.open(out))
+        peaks[residency] = mods.live_peak(is_block_graph)
+        opened = [n for k, n in mods.events if k == "open"]
+        assert {n for n in opened if is_block_graph(n)} == {f"dit_block_{i:02d}_{p}" for i in range(4)
+                                                             for p in ("pre", "post")}
+    assert np.array_equal(outs["resident"], outs["streamed"])
+    assert peaks == {"resident": 8, "streamed": 1}
+
+
+def test_cli_run_hands_the_port_a_lazy_mapping(built, tmp_path, monkeypatch) -> None:
+    from ncnnport import cli
+    from ncnnport.models.seedvr2.port import PORT
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    prep, pkg = built
+    seen = {}
+
+    def fake_run(loaded, modules, args):
+        seen["modules"], seen["args"] = modules, args
+        return 0
+
+    monkeypatch.setattr(PORT, "run", fake_run)
+    build_dir = pkg.parent.parent.parent   # <root>/seedvr2/tiny/package
+    rc = cli.main(["run", "seedvr2", "--build-dir", str(build_dir), "--threads", "1",
+                   "--input", "x.png", "--output", "y.png", "--precision", "bf16"])
+    assert rc == 0
+    assert isinstance(seen["modules"], LazyModules) and seen["modules"].live == []
+    assert seen["args"].precision == "bf16"
+
+
+def test_precision_flag_runs_reduced_storage_within_its_frame_budget(built, tmp_path) -> None:
+    from ncnnport.models.seedvr2.port import PORT, image_rows, precision_options
+    from ncnnport.parity.metrics import compare, judge
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    prep, pkg = built
+    img = tmp_path / "in.png"
+    Image.fromarray(np.random.default_rng(4).integers(0, 256, (64, 96, 3), dtype=np.uint8)).save(img)
+    outs = {}
+    for prec in ("fp32", "fp16", "bf16"):
+        mods = LazyModules(pkg)
+        assert PORT._with_precision(mods, prec).options == precision_options(prec)
+        out = tmp_path / f"{prec}.png"
+        assert PORT.run(prep.loaded, mods, _run_args(prep, "--input", img, "--output", out,
+                                                     "--precision", prec)) == 0
+        outs[prec] = np.asarray(Image.open(out))[None]
+    assert precision_options("bf16").bf16_storage and precision_options("fp16").fp16_storage
+    for prec in ("fp16", "bf16"):
+        ok, reason = judge(compare(image_rows(outs["fp32"]), image_rows(outs[prec])),
+                           prep.policy.stage("frames", prec))
+        assert ok, (prec, reason)
+    assert not np.array_equal(outs["fp32"], outs["bf16"])      # bf16 really changed the storage
+
+
+def test_e2e_records_frame_metrics_per_reduced_precision_option(summary) -> None:
+    from ncnnport.parity.sweep import variants
+
+    recs = {r["stage"]: r for r in summary["e2e"] if r["stage"].startswith("precision:")}
+    runtime_variants = {f"precision:{v.name}" for v in variants(False)
+                        if v.precision != "fp32" and not v.fp16_weights}
+    assert runtime_variants <= set(recs)
+    for r in recs.values():
+        assert r["passed"], r
+        for k in ("image_mae", "psnr_db", "image_max_abs", "differing_bytes"):
+            assert k in r and k in r["vs_ncnn_fp32"], (r["stage"], k)
+    assert recs["precision:bf16 storage"]["differing_bytes"] > 0
+
+
+# --- first divergence -----------------------------------------------------------------------------
+def test_trace_record_passes_and_covers_every_graph(summary) -> None:
+    traces = [r for r in summary["e2e"] if r.get("kind") == "trace"]
+    assert len(traces) == 1 and traces[0]["fixture"] == "image_64x96"
+    t = traces[0]
+    assert t["passed"] and t["first_divergence"] is None, t["reason"]
+    assert {m["module"] for m in t["modules"]} == {r["name"] for r in summary["modules"]}
+    order = [m["module"] for m in t["modules"]]
+    assert order.index("vae_encode") < order.index("dit_block_00_pre") < order.index("dit_block_03_post") \
+        < order.index("vae_decode_0")
+
+
+def test_perturbed_block_weights_are_named_as_first_divergence(built, tmp_path) -> None:
+    """A test double: DiT block 1's two ncnn weight files scaled by 1.001. The trace must name
+    block 1 (its pre graph is its first call) and see that block's own local error jump."""
+    import shutil
+
+    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.fsutil import read_json
+    from ncnnport.models.seedvr2.port import FIXTURES, PORT, TRACE_FIXTURE
+    from ncnnport.registry import E2EContext
+    from ncnnport.stages import open_ncnn_modules, torch_modules
+
+    prep, pkg = built
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    for part in ("pre", "post"):
+        weights = bad / "ncnn" / f"dit_block_01_{part}.ncnn.bin"
+        data = np.fromfile(weights, dtype=np.float32)
+        (data * np.float32(1.001)).astype(np.float32).tofile(weights)
+    m = read_json(pkg / "manifest.json")
+    write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
+                   build_key=m["build_key"], commands=m["pnnx_commands"])
+    ctx = E2EContext(prep.loaded, open_ncnn_modules(bad), torch_modules(prep), bad, prep.policy)
+    fx = next(f for f in FIXTURES if f.label == TRACE_FIXTURE)
+    video = fx.video()
+    trace = PORT._trace("perturbed", video, fx.seed, PORT._area(prep.loaded, *video.shape[1:3]), ctx)
+    assert not trace["passed"]
+    assert trace["first_divergence"]["module"] == "dit_block_01_pre", trace["first_divergence"]
+    by_module = {m["module"]: m for m in trace["modules"]}
+    assert by_module["dit_block_01_pre"]["local_max_abs"] > 10 * by_module["dit_block_00_pre"]["local_max_abs"]
+    assert trace["worst_tensors"] and (tmp_path / "trace").is_dir()
+
+
+# --- bench --------------------------------------------------------------------------------------
+def test_bench_has_block_and_vae_stages_at_two_sizes_matching_torch(built) -> None:
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    port = prep.port
+    stages = port.bench_stages()
+    for st in ("dit_block", "vae_encode", "vae_decode"):
+        assert stages[st] == ["256x256", "512x512"], st
+    modules = open_ncnn_modules(pkg)
+    for st in ("dit_block", "vae_decode"):
+        ncall = port.bench_call(prep.loaded, modules, st, "256x256")
+        tcall = port.torch_bench_call(prep.loaded, st, "256x256")
+        a, b = ncall(), ncall()
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))     # fixed inputs: same bytes
+        ref = tcall()
+        for r, c in zip(ref, a):
+            r = np.asarray(r).reshape(c.shape)
+            assert np.abs(r - c).max() <= 1e-4 * np.abs(r).max(), st

@@ -1,0 +1,106 @@
+"""A package's graphs as a lazy mapping: each ``NcnnModule`` is opened on first access.
+
+``open_ncnn_modules`` opens every graph of a package up front, so a pipeline that only ever
+needs a few graphs at once (one transformer block after another) still holds all of them.
+``LazyModules`` checks the package against its manifest once, then opens a graph only when it
+is looked up and keeps it until ``release(name)``. Iteration, ``len`` and ``in`` see every
+graph of the package without opening any; ``.values()``/``.items()`` open them (like a dict).
+
+Every open and release is logged in ``events`` so callers and tests can see what was resident
+when (``peak_live``, ``live_peak(pred)``) without relying on RSS or timing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from ncnnport.runtime.options import FP32, RuntimeOptions
+
+
+class LazyModules(Mapping[str, Any]):
+    """name -> NcnnModule, opened on first ``[name]`` and held until ``release(name)``."""
+
+    def __init__(self, package: Path, options: RuntimeOptions = FP32,
+                 names: Sequence[str] | None = None, *, _specs: Mapping[str, Any] | None = None) -> None:
+        from ncnnport.convert.manifest import check_package
+        from ncnnport.fsutil import read_json
+
+        self.package = Path(package)
+        self.options = options
+        if _specs is None:  # validated once here, never per open
+            problems = check_package(self.package)
+            if problems:
+                raise RuntimeError(f"package {self.package} does not match its manifest:\n  "
+                                   + "\n  ".join(problems))
+            _specs = {p.name[: -len(".spec.json")]: read_json(p)
+                      for p in sorted((self.package / "specs").glob("*.spec.json"))}
+        if names is not None:
+            unknown = [n for n in names if n not in _specs]
+            if unknown:
+                raise KeyError(f"package {self.package} has no graphs {unknown}")
+            _specs = {n: _specs[n] for n in names}
+        self._specs = dict(_specs)
+        self._open: dict[str, Any] = {}
+        self.events: list[tuple[str, str]] = []   # ("open" | "release", name), in order
+        self.opens = 0
+        self.peak_live = 0
+
+    # --- Mapping ---------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        mod = self._open.get(name)
+        if mod is not None:
+            return mod
+        if name not in self._specs:
+            raise KeyError(name)
+        from ncnnport.runtime.session import NcnnModule
+
+        ncnn_dir = self.package / "ncnn"
+        mod = NcnnModule(ncnn_dir / f"{name}.ncnn.param", ncnn_dir / f"{name}.ncnn.bin",
+                         self._specs[name], self.options)
+        self._open[name] = mod
+        self.opens += 1
+        self.events.append(("open", name))
+        self.peak_live = max(self.peak_live, len(self._open))
+        return mod
+
+    def __contains__(self, name: object) -> bool:   # without opening (Mapping's default would)
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    # --- residency -------------------------------------------------------------------------------
+    def release(self, name: str) -> None:
+        """Drop the open graph (its ncnn.Net and weights go with the last reference)."""
+        if self._open.pop(name, None) is not None:
+            self.events.append(("release", name))
+
+    def release_all(self) -> None:
+        for name in list(self._open):
+            self.release(name)
+
+    @property
+    def live(self) -> list[str]:
+        """Names of the graphs open right now."""
+        return list(self._open)
+
+    def live_peak(self, pred: Callable[[str], bool]) -> int:
+        """Most graphs satisfying ``pred`` that were open at the same time."""
+        live, peak = set(), 0
+        for kind, name in self.events:
+            if not pred(name):
+                continue
+            (live.add if kind == "open" else live.discard)(name)
+            peak = max(peak, len(live))
+        return peak
+
+    def spec(self, name: str) -> Mapping[str, Any]:
+        return self._specs[name]
+
+    def with_options(self, options: RuntimeOptions) -> "LazyModules":
+        """The same package under other runtime options (nothing opened, no re-validation)."""
+        return LazyModules(self.package, options, _specs=self._specs)
