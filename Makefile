@@ -1,6 +1,6 @@
 # ncnnport: every target creates its own virtualenv on first use; nothing needs installing first.
 # Targets mirror the CLI verbs and take the same options:
-#   make parity [MODEL=qwen3-asr] [PRESET=tiny] [CKPT=/path/to/hf-folder] [ARGS="--input a.wav"]
+#   make parity [MODEL=qwen3-asr] [PRESET=tiny] [CKPT=/path/to/hf-folder] [LAYERS=K] [ARGS="--input a.wav"]
 #   make run MODEL=qwen3-asr ARGS="--audio clip.wav"
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,12 +8,13 @@ BIN := $(VENV)/bin
 MODEL ?=
 PRESET ?= tiny
 CKPT ?=
+LAYERS ?=
 ARGS ?=
 STAMP := $(VENV)/.ncnnport-installed
 
-MODEL_OPTS = $(MODEL) --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT))
+MODEL_OPTS = $(MODEL) --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS))
 
-.PHONY: setup export convert parity report check run test bench nightly clean
+.PHONY: setup export convert parity report check run test bench bench-perf nightly clean
 
 setup: $(STAMP)
 
@@ -29,6 +30,14 @@ export: $(STAMP)
 
 convert parity report check bench: $(STAMP)
 	$(BIN)/ncnnport $@ $(MODEL_OPTS) $(ARGS)
+
+# Speed at real layer dims: ncnn vs PyTorch eager per generated token at positions ~100 and ~1000,
+# same thread count, against the memory-bandwidth bound measured in the same run.
+bench-perf: MODEL = qwen3-asr
+bench-perf: PRESET = real
+bench-perf: LAYERS = 4
+bench-perf: $(STAMP)
+	OMP_NUM_THREADS=$(or $(THREADS),1) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(ARGS)
 
 nightly: $(STAMP)
 	$(BIN)/ncnnport nightly $(ARGS)

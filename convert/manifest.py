@@ -35,12 +35,14 @@ def artifact_files(root: Path) -> list[Path]:
 
 
 def write_manifest(root: Path, *, model: str, source: str, config_hash: str, build_key: str,
-                   commands: list[dict[str, Any]]) -> dict[str, Any]:
+                   commands: list[dict[str, Any]], memory: dict[str, Any] | None = None) -> dict[str, Any]:
     files = {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size}
              for p in artifact_files(root)}
     manifest = {"schema": SCHEMA, "model": model, "source": source, "config_sha256": config_hash,
                 "build_key": build_key, "versions": tool_versions(), "pnnx_commands": commands,
                 "files": files}
+    if memory is not None:
+        manifest["memory"] = memory  # measured peak RSS per stage (see ncnnport.stages)
     write_json(root / MANIFEST, manifest)
     return manifest
 

@@ -66,7 +66,8 @@ class ParamGraph:
     def write(self, path: Path) -> None:
         lines = [PARAM_MAGIC, f"{len(self.layers)} {self.blob_count}"]
         lines += [layer.to_line() for layer in self.layers]
-        path.write_text("\n".join(lines) + "\n")
+        from ncnnport.fsutil import atomic_write_text
+        atomic_write_text(Path(path), "\n".join(lines) + "\n")
 
 
 def read_param(path: Path) -> ParamGraph:

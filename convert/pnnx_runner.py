@@ -81,16 +81,19 @@ def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
     with tempfile.TemporaryDirectory(prefix=f"pnnx-{name}-") as tmp:
         work = Path(tmp)
         local_pt = work / f"{name}.pt"
-        shutil.copyfile(torchscript, local_pt)
+        try:  # a hard link costs no copy of a multi-GB TorchScript file
+            os.link(torchscript, local_pt)
+        except OSError:
+            shutil.copyfile(torchscript, local_pt)
         cmd = [pnnx_executable(), local_pt.name, *args]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        returncode, output, pnnx_peak = _run_measured(
+            cmd, work, {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         seconds = time.perf_counter() - t0
         param, weights = work / f"{name}.ncnn.param", work / f"{name}.ncnn.bin"
-        if proc.returncode != 0 or not param.is_file() or not weights.is_file():
-            tail = (proc.stdout + proc.stderr)[-2000:]
-            raise ConvertError(f"module {name}: pnnx exited {proc.returncode} without an ncnn graph\n{tail}")
+        if returncode != 0 or not param.is_file() or not weights.is_file():
+            tail = output[-2000:]
+            raise ConvertError(f"module {name}: pnnx exited {returncode} without an ncnn graph\n{tail}")
         graph = read_param(param)
         try:
             check_loadable(graph, module=name)
@@ -103,12 +106,50 @@ def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
         _rename_blobs(graph, mapping, module=name)
         receipts = apply_patches(graph, patches_from_json(spec.get("patches", [])), module=name)
         graph.write(out_dir / f"{name}.ncnn.param")
-        shutil.copyfile(weights, out_dir / f"{name}.ncnn.bin")
+        _atomic_copy(weights, out_dir / f"{name}.ncnn.bin")
         if keep_workdir is not None:
             shutil.copytree(work, keep_workdir / name, dirs_exist_ok=True)
     counts: dict[str, int] = {}
     for t in graph.layer_types():
         counts[t] = counts.get(t, 0) + 1
-    return {"module": name, "command": ["pnnx", f"{name}.pt", *args], "returncode": proc.returncode,
-            "seconds": round(seconds, 3), "layer_types": dict(sorted(counts.items())),
-            "patches": receipts}
+    return {"module": name, "command": ["pnnx", f"{name}.pt", *args], "returncode": returncode,
+            "seconds": round(seconds, 3), "pnnx_peak_rss_mb": round(pnnx_peak / 2**20, 1),
+            "layer_types": dict(sorted(counts.items())), "patches": receipts}
+
+
+def _run_measured(cmd: list[str], cwd: Path, env: Mapping[str, str]) -> tuple[int, str, int]:
+    """Run ``cmd``; (exit code, stdout+stderr, the child's peak RSS in bytes).
+
+    The peak is the child's ``VmHWM`` sampled every 20 ms (monotonic, so the last sample is the
+    peak up to its final 20 ms). ``wait4``'s ru_maxrss is no use here: a forked child inherits
+    the parent's resident size before ``exec``, so every child would report at least ours.
+    """
+    from ncnnport.memory import child_peak_rss_bytes
+
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+        peak = 0
+        try:
+            while True:
+                peak = max(peak, child_peak_rss_bytes(proc.pid))
+                try:
+                    rc = proc.wait(timeout=0.02)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        return rc, out.read().decode(errors="replace"), peak
+
+
+def _atomic_copy(src: Path, dest: Path) -> None:
+    """Copy via a temp file + rename: an interrupted copy never looks like a finished one."""
+    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -6,14 +6,15 @@ a length (a Python int taken from a shape) fails here, before pnnx ever sees it.
 
 from __future__ import annotations
 
-import io
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ncnnport.contract import ModuleSpec
-from ncnnport.fsutil import atomic_write_bytes, write_json
+from ncnnport.fsutil import write_json
 from ncnnport.parity.metrics import compare
 
 
@@ -29,6 +30,20 @@ def _to_tensors(arrays: list[np.ndarray]) -> tuple[Any, ...]:
 def _as_tuple(result: Any) -> tuple[Any, ...]:
     import torch
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+
+def _atomic_jit_save(traced: Any, path: Path) -> None:
+    """``torch.jit.save`` straight to a temp file in the same folder, then rename: no in-memory
+    copy of the weights (a BytesIO + getvalue() held two), and never a half-written ``.pt``."""
+    import torch
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.jit.save(traced, tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def export_module(spec: ModuleSpec, out_dir: Path) -> dict[str, Any]:
@@ -66,10 +81,8 @@ def export_module(spec: ModuleSpec, out_dir: Path) -> dict[str, Any]:
                 raise ExportError(f"module {spec.name}, output {t.name}: TorchScript differs from "
                                   f"eager at sizes {second} (max_abs {stats.max_abs:.3g})")
             checks.append({"output": t.name, "sizes": second, "max_abs": stats.max_abs})
-    buf = io.BytesIO()
-    torch.jit.save(traced, buf)
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / f"{spec.name}.pt", buf.getvalue())
+    _atomic_jit_save(traced, out_dir / f"{spec.name}.pt")
     record = spec.to_json()
     record["torchscript"] = f"{spec.name}.pt"
     record["trace_check"] = checks

@@ -24,6 +24,8 @@ def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
                    help="embedded preset with seeded weights (default: tiny)")
     p.add_argument("--ckpt", type=Path, default=None,
                    help="local Hugging Face-format checkpoint folder (overrides --preset)")
+    p.add_argument("--layers", type=int, default=int(os.environ["LAYERS"]) if os.environ.get("LAYERS") else None,
+                   metavar="K", help="keep only the first K layers of every stack (models that support it)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_ROOT, help="artifact root (default: build)")
     p.add_argument("--force", action="store_true", help="redo export and conversion even if up to date")
 
@@ -43,7 +45,7 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     models = _models(args.model)
     if ckpt is not None and len(models) != 1:
         raise SystemExit("--ckpt needs one model name")
-    return [Target(m, args.preset, ckpt, args.build_dir) for m in models]
+    return [Target(m, args.preset, ckpt, args.build_dir, layers=args.layers) for m in models]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -132,6 +134,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for t in _targets(args):
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
+        if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
+            perf = prep.port.bench_perf_stages()
+            stages = [args.stage] if args.stage else list(perf)
+            print(f"\n## bench --perf {t.model} ({t.source}), threads={args.threads}, runs={args.runs}")
+            res = {"torch_ratio": torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs,
+                                                    stage_sizes={**prep.port.bench_stages(), **perf})}
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf.json"
+            write_json(path, res)
+            print(f"json: {path}")
+            out[t.model] = res
+            continue
         stages = [args.stage] if args.stage else list(prep.port.bench_stages())
         if not stages:
             print(f"{t.model}: no bench stages")
@@ -173,7 +186,7 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog=f"ncnnport run {args.model}")
     port.add_run_arguments(p)
     margs = p.parse_args(list(extra))
-    t = Target(args.model, args.preset, args.ckpt, args.build_dir)
+    t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     prep = prepare(t)
     pkg = convert_stage(prep, force=args.force)
     from ncnnport.runtime.options import RuntimeOptions
@@ -216,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
+    p.add_argument("--perf", action="store_true",
+                   help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf)")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

@@ -58,6 +58,9 @@ class ModelPort(ABC):
 
     name: str = ""
     presets: tuple[str, ...] = ("tiny",)
+    # True when ``load`` accepts ``layers=K`` (keep the first K layers of every stack; the
+    # ``--layers`` option). Ports without it refuse the option instead of ignoring it.
+    supports_layers: bool = False
 
     @property
     def policy_path(self) -> Path:
@@ -71,6 +74,10 @@ class ModelPort(ABC):
     @abstractmethod
     def module_specs(self, loaded: LoadedModel) -> list[ModuleSpec]:
         """The split: one spec per exported graph."""
+
+    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
+        """float32 weight bytes per graph (for the memory receipts); empty when unknown."""
+        return {}
 
     @abstractmethod
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
@@ -95,6 +102,15 @@ class ModelPort(ABC):
 
     def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
         """The PyTorch eager equivalent of a bench stage (for the speed ratio), or None."""
+        return None
+
+    def bench_perf_stages(self) -> dict[str, list[str]]:
+        """Stages and sizes of the speed table (``bench --perf``); default: every bench stage."""
+        return self.bench_stages()
+
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
+        """Bytes one call of a bench stage must read (``{"weights": .., "kv_cache": ..}``), for
+        the memory-bandwidth bound; None when unknown."""
         return None
 
 

@@ -56,7 +56,13 @@ def prepare(target: Target, precision: str = "fp32") -> Prepared:
     if target.ckpt is not None and not Path(target.ckpt).is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {target.ckpt}")
     t0 = time.perf_counter()
-    loaded = port.load(target.preset, Path(target.ckpt) if target.ckpt else None)
+    ckpt = Path(target.ckpt) if target.ckpt else None
+    if target.layers is not None:
+        if not port.supports_layers:
+            raise ValueError(f"model {target.model} does not support --layers")
+        loaded = port.load(target.preset, ckpt, layers=target.layers)
+    else:
+        loaded = port.load(target.preset, ckpt)
     policy = Policy.load(port.policy_path)
     specs = port.module_specs(loaded)
     for s in specs:
@@ -66,6 +72,7 @@ def prepare(target: Target, precision: str = "fp32") -> Prepared:
     key = sha256_json({
         "config": config_hash, "code": code_hash(target.model), "ckpt": checkpoint_fingerprint(target.ckpt),
         "preset": target.preset, "specs": [s.to_json() for s in specs], "versions": tool_versions(),
+        **({"layers": target.layers} if target.layers is not None else {}),
     })
     return Prepared(target, port, loaded, policy, specs, key, config_hash,
                     {"load_s": time.perf_counter() - t0})
@@ -75,23 +82,128 @@ def _state(target: Target) -> dict[str, Any]:
     return read_json(target.state_file) if target.state_file.is_file() else {}
 
 
+class Progress:
+    """One stderr line per finished module: elapsed time and an ETA.
+
+    The ETA weighs each remaining module by its weight bytes plus a fixed start-up cost (pnnx
+    start-up and tracing dominate small modules, weight I/O large ones) and scales by the time
+    the modules finished in THIS run took (resumed modules cost nothing and count for nothing).
+    """
+
+    OVERHEAD_BYTES = 32 << 20
+
+    def __init__(self, model: str, stage: str, names: Sequence[str], weight_bytes: dict[str, int]) -> None:
+        self.model, self.stage, self.names = model, stage, list(names)
+        self.cost = {n: weight_bytes.get(n, 0) + self.OVERHEAD_BYTES for n in self.names}
+        self.t0 = time.perf_counter()
+        self.done_cost = 0
+        self.remaining = sum(self.cost.values())
+
+    def skip(self, name: str) -> None:
+        self.remaining -= self.cost[name]
+
+    def finish(self, index: int, name: str, seconds: float, extra: str = "") -> None:
+        self.done_cost += self.cost[name]
+        self.remaining -= self.cost[name]
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed * self.remaining / self.done_cost if self.done_cost else 0.0
+        log(f"{self.model}: {self.stage} [{index}/{len(self.names)}] {name} {seconds:.1f} s{extra} "
+            f"(elapsed {_hms(elapsed)}, ETA {_hms(eta)})")
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _weight_bytes(prep: Prepared) -> dict[str, int]:
+    try:
+        return dict(prep.port.module_weight_bytes(prep.loaded))
+    except Exception:  # noqa: BLE001 - sizes only steer the ETA and the memory receipt
+        return {}
+
+
+def _resume_state(path: Path, key: Any) -> dict[str, Any]:
+    """The progress record at ``path`` if it belongs to ``key`` (else empty: start afresh)."""
+    if path.is_file():
+        try:
+            rec = read_json(path)
+        except ValueError:
+            return {}
+        if rec.get("key") == key:
+            return rec
+    return {}
+
+
 def export_stage(prep: Prepared, force: bool = False) -> list[dict[str, Any]]:
+    """Trace every spec, one module in memory at a time, resumably.
+
+    Each finished module is recorded in ``torchscript/progress.json`` (after its ``.pt`` and spec
+    JSON were written atomically); an interrupted run continues with the first unfinished
+    module. Peak RSS is measured per module (VmHWM reset before each) and for the stage.
+    """
+    from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
+
     t = prep.target
     state = _state(t)
     if not force and state.get("exported") == prep.build_key and all(
             (t.torchscript_dir / f"{s.name}.pt").is_file() for s in prep.specs):
         log(f"{t.model}: export up to date ({len(prep.specs)} modules)")
         return [read_json(t.torchscript_dir / f"{s.name}.spec.json") for s in prep.specs]
-    if t.torchscript_dir.exists():
+    progress_file = t.torchscript_dir / "progress.json"
+    resume = {} if force else _resume_state(progress_file, prep.build_key)
+    done: dict[str, dict[str, Any]] = {
+        n: m for n, m in resume.get("done", {}).items()
+        if (t.torchscript_dir / f"{n}.pt").is_file() and (t.torchscript_dir / f"{n}.spec.json").is_file()}
+    if not resume and t.torchscript_dir.exists():
         shutil.rmtree(t.torchscript_dir)
+    elif done:
+        log(f"{t.model}: export resumes: {len(done)}/{len(prep.specs)} modules already done")
+    t.torchscript_dir.mkdir(parents=True, exist_ok=True)
+    sizes = _weight_bytes(prep)
+    progress = Progress(t.model, "export", [s.name for s in prep.specs], sizes)
     records = []
     t0 = time.perf_counter()
+    release_memory()
+    baseline = mb(rss_bytes())
+    reset_peak_rss()
     for i, spec in enumerate(prep.specs, 1):
-        log(f"{t.model}: export [{i}/{len(prep.specs)}] {spec.name}")
+        if spec.name in done:
+            progress.skip(spec.name)
+            records.append(read_json(t.torchscript_dir / f"{spec.name}.spec.json"))
+            continue
+        m0 = time.perf_counter()
+        reset_peak_rss()
         records.append(export_module(spec, t.torchscript_dir))
+        peak = peak_rss_bytes()
+        release_memory()
+        done[spec.name] = {"seconds": round(time.perf_counter() - m0, 2), "peak_rss_mb": mb(peak),
+                           "weight_bytes": sizes.get(spec.name)}
+        write_json(progress_file, {"key": prep.build_key, "done": done, "baseline_rss_mb": baseline})
+        progress.finish(i, spec.name, time.perf_counter() - m0, f", peak RSS {mb(peak):.0f} MB")
     prep.timings["export_s"] = time.perf_counter() - t0
     write_json(t.state_file, {"exported": prep.build_key})  # conversions of older exports are stale
     return records
+
+
+def memory_receipt(per_module: dict[str, dict[str, Any]], weight_bytes: dict[str, int],
+                   baseline_mb: float | None = None) -> dict[str, Any]:
+    """Stage memory numbers for the manifest: peak RSS (max over modules) vs the largest module's
+    weight bytes, raw and above ``baseline_mb`` (the process before its first module: interpreter,
+    torch, the parameter-free skeleton)."""
+    peaks = {n: m["peak_rss_mb"] for n, m in per_module.items() if m.get("peak_rss_mb") is not None}
+    largest = max(weight_bytes.items(), key=lambda kv: kv[1]) if weight_bytes else (None, 0)
+    out: dict[str, Any] = {"peak_rss_mb": max(peaks.values()) if peaks else None,
+                           "peak_module": max(peaks, key=peaks.get) if peaks else None,
+                           "largest_module": largest[0], "largest_module_mb": round(largest[1] / 2**20, 1)}
+    if baseline_mb is not None:
+        out["baseline_rss_mb"] = baseline_mb
+    if peaks and largest[1]:
+        out["peak_over_largest"] = round(max(peaks.values()) * 2**20 / largest[1], 3)
+        if baseline_mb is not None:
+            out["peak_above_baseline_over_largest"] = round(
+                (max(peaks.values()) - baseline_mb) * 2**20 / largest[1], 3)
+    return out
 
 
 def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
@@ -107,7 +219,16 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
 
 def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = False) -> Path:
     """Convert every exported module into ``package/`` (``package-fp16w/`` for pnnx fp16 weights,
-    an opt-in precision mode measured by the option sweep)."""
+    an opt-in precision mode measured by the option sweep).
+
+    Resumable: modules go into ``package.partial/``; each finished module (param + bin + spec
+    JSON written atomically) is recorded with its receipt in ``package.partial/.progress.json``,
+    so an interrupted run converts only what is left. The package appears by one rename at the
+    end. Peak RSS of this process (per module and stage) and of each pnnx child go into the
+    receipts and ``manifest.json`` (``memory``).
+    """
+    from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
+
     t = prep.target
     records = export_stage(prep, force=force)
     state = _state(t)
@@ -117,21 +238,54 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
         log(f"{t.model}: convert up to date ({pkg})")
         return pkg
     tmp = pkg.with_name(pkg.name + ".partial")
-    if tmp.exists():
+    progress_file = tmp / ".progress.json"
+    key = {"build_key": prep.build_key, "fp16_weights": fp16_weights}
+    resume = {} if force else _resume_state(progress_file, key)
+    done: dict[str, dict[str, Any]] = {
+        n: r for n, r in resume.get("done", {}).items()
+        if all((tmp / p).is_file() for p in (f"ncnn/{n}.ncnn.param", f"ncnn/{n}.ncnn.bin", f"specs/{n}.spec.json"))}
+    if not done and tmp.exists():
         shutil.rmtree(tmp)
-    (tmp / "ncnn").mkdir(parents=True)
-    (tmp / "specs").mkdir()
-    receipts = []
+    elif done:
+        log(f"{t.model}: convert resumes: {len(done)}/{len(records)} modules already done")
+    (tmp / "ncnn").mkdir(parents=True, exist_ok=True)
+    (tmp / "specs").mkdir(exist_ok=True)
+    sizes = _weight_bytes(prep)
+    progress = Progress(t.model, "convert", [r["name"] for r in records], sizes)
     t0 = time.perf_counter()
+    release_memory()
+    baseline = resume.get("baseline_rss_mb") or mb(rss_bytes())
     for i, rec in enumerate(records, 1):
-        log(f"{t.model}: convert [{i}/{len(records)}] {rec['name']}")
-        receipts.append(convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
-                                       fp16_weights=fp16_weights))
-        write_json(tmp / "specs" / f"{rec['name']}.spec.json", rec)
+        name = rec["name"]
+        if name in done:
+            progress.skip(name)
+            continue
+        m0 = time.perf_counter()
+        reset_peak_rss()
+        receipt = convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
+                                 fp16_weights=fp16_weights)
+        write_json(tmp / "specs" / f"{name}.spec.json", rec)
+        receipt["peak_rss_mb"] = mb(peak_rss_bytes())
+        receipt["weight_bytes"] = sizes.get(name)
+        done[name] = receipt
+        write_json(progress_file, {"key": key, "done": done, "baseline_rss_mb": baseline})
+        progress.finish(i, name, time.perf_counter() - m0,
+                        f", peak RSS {receipt['peak_rss_mb']:.0f} MB (pnnx {receipt['pnnx_peak_rss_mb']:.0f} MB)")
     prep.timings["convert_s"] = time.perf_counter() - t0
+    receipts = [done[r["name"]] for r in records]
+    export_progress = _resume_state(t.torchscript_dir / "progress.json", prep.build_key)
+    memory = {
+        "export": memory_receipt(export_progress.get("done", {}), sizes, export_progress.get("baseline_rss_mb")),
+        "convert": memory_receipt(done, sizes, baseline),
+        "pnnx": memory_receipt({n: {"peak_rss_mb": r.get("pnnx_peak_rss_mb")} for n, r in done.items()}, sizes),
+        "note": "peak RSS per module (VmHWM reset before each module, /proc); stage value = max over "
+                "modules; baseline = RSS before the first module (interpreter, torch, skeleton); "
+                "pnnx = its own process (VmHWM sampled every 20 ms)",
+    }
     _copy_assets(prep.loaded, tmp / "assets")
+    progress_file.unlink(missing_ok=True)
     write_manifest(tmp, model=t.model, source=t.source, config_hash=prep.config_hash,
-                   build_key=prep.build_key, commands=receipts)
+                   build_key=prep.build_key, commands=receipts, memory=memory)
     if pkg.exists():
         shutil.rmtree(pkg)
     tmp.rename(pkg)  # the package appears whole or not at all

@@ -2,7 +2,8 @@
 
 ``build/<model>/<tag>/`` holds ``torchscript/`` (export stage), ``package/`` (the ncnn package:
 graphs, spec JSON, assets, manifest) and ``state.json`` (the build key each stage last
-completed with). ``tag`` is the preset name, or ``ckpt-<hash>`` for a checkpoint folder.
+completed with). ``tag`` is the preset name, or ``ckpt-<hash>`` for a checkpoint folder, with
+``-L<K>`` when only the first K layers are kept.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from ncnnport.registry import KNOWN_MODELS
 
 DEFAULT_BUILD_ROOT = Path("build")
-GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.contract")
+GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.contract", "ncnnport.lazy_weights")
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,15 @@ class Target:
     preset: str = "tiny"
     ckpt: Path | None = None
     build_root: Path = DEFAULT_BUILD_ROOT
+    layers: int | None = None  # keep the first K layers (models with ``supports_layers``)
 
     @property
     def tag(self) -> str:
+        suffix = f"-L{self.layers}" if self.layers is not None else ""
         if self.ckpt is None:
-            return self.preset
+            return self.preset + suffix
         digest = hashlib.sha256(str(Path(self.ckpt).resolve()).encode()).hexdigest()[:10]
-        return f"ckpt-{digest}"
+        return f"ckpt-{digest}{suffix}"
 
     @property
     def root(self) -> Path:
@@ -55,7 +58,8 @@ class Target:
 
     @property
     def source(self) -> str:
-        return f"ckpt:{Path(self.ckpt).name}" if self.ckpt else f"preset:{self.preset}"
+        base = f"ckpt:{Path(self.ckpt).name}" if self.ckpt else f"preset:{self.preset}"
+        return base + (f" layers:{self.layers}" if self.layers is not None else "")
 
 
 def _hash_tree(h: "hashlib._Hash", folder: Path) -> None:

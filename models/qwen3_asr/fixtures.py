@@ -36,3 +36,15 @@ FIXTURES: dict[str, dict] = {
     "speech_65s": {"seconds": 65.0, "seed": 3, "max_seconds": None},     # 9 windows, one pass
     "speech_65s_cut25": {"seconds": 65.0, "seed": 3, "max_seconds": 25.0},  # the cut rule runs
 }
+
+# At real width (the seeded ``real`` preset) every fixture costs a full transformers generate at
+# 0.6B scale: the short ones cover one and two attention windows, the cut one the long-audio rule
+# (three ~22 s chunks); the 65 s one-pass fixture is left to the tiny preset.
+REAL_PRESET_FIXTURES: tuple[str, ...] = ("speech_2s", "speech_12s", "speech_65s_cut25")
+
+
+def fixtures_for(preset: str, ckpt: object) -> dict[str, dict]:
+    if ckpt is None and preset == "real":
+        return {k: FIXTURES[k] for k in REAL_PRESET_FIXTURES}
+    return dict(FIXTURES)
+

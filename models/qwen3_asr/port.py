@@ -17,27 +17,43 @@ from ncnnport.runtime.recording import RecordingRunner
 
 class Qwen3ASRPort(ModelPort):
     name = "qwen3-asr"
-    presets = ("tiny",)
+    presets = ("tiny", "real")
+    supports_layers = True
 
-    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
-        from ncnnport.models.qwen3_asr.checkpoint import load_checkpoint
-        from ncnnport.models.qwen3_asr.presets import preset_folder
+    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
+        """A :class:`~.lazy.LazyQwen3ASR`: weights are read (checkpoint) or generated (seeded
+        ``real`` preset) one module at a time; the full HF model is built only when e2e parity,
+        the torch bench or the run verb ask for it. ``layers=K`` keeps the first K text and audio
+        layers."""
+        from ncnnport.models.qwen3_asr import lazy
+        from ncnnport.models.qwen3_asr.checkpoint import load_config, load_processor
+        from ncnnport.models.qwen3_asr.presets import REAL_SEED, preset_folder, truncated_config
 
         folder = Path(ckpt) if ckpt is not None else preset_folder(preset)
-        model, processor = load_checkpoint(folder)
+        config = truncated_config(load_config(folder), layers)
+        if ckpt is None and preset == "real":
+            model = lazy.seeded(config, REAL_SEED)
+        else:
+            model = lazy.from_folder(folder, config, truncated=layers is not None)
+        processor = load_processor(folder)
         return LoadedModel(self.name, preset, ckpt, config=model.config.to_dict(), reference=model,
-                           assets={"processor": folder}, extra={"processor": processor})
+                           assets={"processor": folder},
+                           extra={"processor": processor, "layers": layers})
 
     def module_specs(self, loaded: LoadedModel):
         from ncnnport.models.qwen3_asr.specs import module_specs
         return module_specs(loaded.reference)
+
+    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
+        from ncnnport.models.qwen3_asr.specs import module_weight_bytes
+        return module_weight_bytes(loaded.reference)
 
     # --- parity ------------------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
         import torch
 
         from ncnnport.models.qwen3_asr.audio import read_audio
-        from ncnnport.models.qwen3_asr.fixtures import FIXTURES, synth_speechlike
+        from ncnnport.models.qwen3_asr.fixtures import fixtures_for, synth_speechlike
         from ncnnport.models.qwen3_asr.reference import greedy_generate
         from ncnnport.models.qwen3_asr.runtime import make_pipeline, transcribe
 
@@ -50,7 +66,8 @@ class Qwen3ASRPort(ModelPort):
         torch_pipe = make_pipeline(recorders, model)
 
         cases: list[tuple[str, np.ndarray, float | None]] = [
-            (name, synth_speechlike(fx["seconds"], fx["seed"]), fx["max_seconds"]) for name, fx in FIXTURES.items()]
+            (name, synth_speechlike(fx["seconds"], fx["seed"]), fx["max_seconds"])
+            for name, fx in fixtures_for(ctx.loaded.preset, ctx.loaded.ckpt).items()]
         cases += [(f"input:{Path(p).name}", read_audio(p), None) for p in ctx.user_inputs]
 
         records: list[dict[str, Any]] = []
@@ -145,10 +162,20 @@ class Qwen3ASRPort(ModelPort):
         return ncnn_call(loaded.reference, modules, stage, size)
 
     def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str):
-        from ncnnport.models.qwen3_asr.bench import torch_decode_call
-        if stage != "decode":
-            return None
-        return torch_decode_call(loaded.reference, int(size))
+        from ncnnport.models.qwen3_asr.bench import torch_decode_call, torch_token_call
+        if stage == "decode":
+            return torch_decode_call(loaded.reference, int(size))
+        if stage == "token":
+            return torch_token_call(loaded.reference, int(size))
+        return None
+
+    def bench_perf_stages(self) -> dict[str, list[str]]:
+        from ncnnport.models.qwen3_asr.bench import PERF_STAGES
+        return PERF_STAGES
+
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str):
+        from ncnnport.models.qwen3_asr.bench import stage_bytes
+        return stage_bytes(loaded.reference, stage, size)
 
     # --- run ---------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:

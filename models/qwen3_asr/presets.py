@@ -20,7 +20,8 @@ while at gain 1 every seed had inputs that repeated a single token 64 times.
 
 ``write_preset_folder`` writes the preset as a checkpoint folder (config.json, model.safetensors,
 tokenizer and processor files), so the runtime loads the tiny preset exactly as a real checkpoint.
-The ``real`` preset is the Qwen3-ASR-0.6B config; it is never instantiated in tests.
+The ``real`` preset is the Qwen3-ASR-0.6B config with seeded per-tensor weights generated one
+module at a time (``lazy.py``); its folder holds config + processor only.
 """
 
 from __future__ import annotations
@@ -178,6 +179,78 @@ def real_config() -> Qwen3ASRConfig:
     )
 
 
+# The ``real`` preset: Qwen3-ASR-0.6B dims with seeded per-tensor weights (ncnnport.lazy_weights).
+# The tiny recipe scaled to real widths: tiny's Linear std 0.15 at fan-in 96 is a gain of
+# 0.15 * sqrt(96) ~ 1.47 per unit-variance input, so every Linear / Conv / Embedding weight gets
+# std = REAL_INIT_GAIN / sqrt(fan_in) (Conv fan-in = in_channels * kh * kw; the embedding uses the
+# hidden width, which keeps the tied head's logit spread at tiny's ~1.5), biases std / 4, the
+# decoder's per-head q/k RMSNorm weights qk_gain * (1 + 0.2 N(0, 1)) as in tiny (sharp attention),
+# other norm weights 1 and norm biases 0.
+REAL_SEED = 0
+REAL_INIT_GAIN = 1.5
+REAL_QK_NORM_GAIN = TINY_QK_NORM_GAIN
+# Stand-in tokenizer ids at the real Qwen3 positions (a real checkpoint brings its own tokenizer).
+REAL_SPECIAL_IDS: dict[str, int] = {
+    "<|endoftext|>": 151643,
+    "<|im_start|>": 151644,
+    "<|im_end|>": 151645,
+    "<|audio_start|>": 151669,
+    "<|audio_end|>": 151670,
+    "<|audio_pad|>": 151676,
+    "<asr_text>": 151704,
+    "<timestamp>": 151705,
+}
+
+
+def seeded_init_rule(skeleton: nn.Module, gain: float = REAL_INIT_GAIN, qk_gain: float = REAL_QK_NORM_GAIN):
+    """The per-tensor init rule of the seeded real preset, classified by the owning module's type."""
+    from ncnnport.lazy_weights import Init
+
+    owners = {}
+    for mname, mod in skeleton.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owners[f"{mname}.{pname}" if mname else pname] = mod
+
+    def rule(name: str, shape: tuple[int, ...]) -> Init:
+        mod = owners[name]
+        leaf = name.rsplit(".", 1)[-1]
+        module_name = name.rsplit(".", 1)[0]
+        if module_name.endswith(("q_norm", "k_norm")) and leaf == "weight":
+            return Init(qk_gain, 0.2 * qk_gain)
+        if isinstance(mod, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)):
+            w = mod.weight
+            if isinstance(mod, nn.Embedding):
+                fan_in = w.shape[1]
+            else:
+                fan_in = 1
+                for d in w.shape[1:]:
+                    fan_in *= int(d)
+            std = gain / float(fan_in) ** 0.5
+            return Init(0.0, std if leaf == "weight" else std / 4)
+        return Init(1.0 if leaf == "weight" else 0.0, 0.0)  # norms: weight 1, bias 0
+    return rule
+
+
+def truncated_config(config: Qwen3ASRConfig, layers: int | None) -> Qwen3ASRConfig:
+    """Keep the first ``layers`` text and audio layers (None: unchanged)."""
+    if layers is None:
+        return config
+    if layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {layers}")
+    import copy
+
+    cfg = copy.deepcopy(config)
+    t, a = cfg.text_config, cfg.audio_config
+    if layers > t.num_hidden_layers or layers > a.encoder_layers:
+        raise ValueError(f"--layers {layers}: the model has {t.num_hidden_layers} text and "
+                         f"{a.encoder_layers} audio layers")
+    t.num_hidden_layers = layers
+    if getattr(t, "layer_types", None):
+        t.layer_types = list(t.layer_types)[:layers]
+    a.encoder_layers = layers
+    return cfg
+
+
 def preset_config(name: str) -> Qwen3ASRConfig:
     if name == "tiny":
         return tiny_config()
@@ -222,9 +295,11 @@ def build_tiny_model(
     return model.float().eval()
 
 
-def build_tiny_processor(save_dir: str | Path | None = None) -> Qwen3ASRProcessor:
-    """Tiny byte-level BPE (trained on the shipped corpus) + the real feature extractor."""
-    ids = TINY_SPECIAL_IDS
+def build_tiny_processor(save_dir: str | Path | None = None, special_ids: dict[str, int] | None = None
+                         ) -> Qwen3ASRProcessor:
+    """Tiny byte-level BPE (trained on the shipped corpus) + the real feature extractor; the
+    special tokens sit at ``special_ids`` (default: the tiny ids right above the BPE)."""
+    ids = special_ids or TINY_SPECIAL_IDS
     tokenizer = build_tiny_tokenizer(
         CORPUS_FILE.read_text(encoding="utf-8"),
         ids,
@@ -260,14 +335,22 @@ def preset_fingerprint(name: str) -> str:
     h.update(CORPUS_FILE.read_bytes())
     h.update(CHAT_TEMPLATE.encode())
     h.update(f"{TINY_SEED}:{TINY_INIT_STD}:{TINY_QK_NORM_GAIN}:{TINY_BPE_VOCAB}".encode())
+    h.update(json.dumps(REAL_SPECIAL_IDS, sort_keys=True).encode())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
 
 def write_preset_folder(name: str, folder: str | Path) -> Path:
-    """Write preset ``name`` as a checkpoint folder (only ``tiny`` has weights to write)."""
+    """Write preset ``name`` as a checkpoint folder. ``tiny`` gets its weights; ``real`` gets
+    config + processor only (its weights are seeded per tensor on demand, never written)."""
+    if name == "real":
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        real_config().save_pretrained(str(folder))
+        build_tiny_processor(folder, special_ids=REAL_SPECIAL_IDS)
+        return folder
     if name != "tiny":
-        raise ValueError(f"preset {name!r} has no seeded weights; load a real checkpoint folder instead")
+        raise ValueError(f"unknown qwen3_asr preset {name!r}")
     from .checkpoint import save_checkpoint  # local import: checkpoint imports presets
 
     return save_checkpoint(build_tiny_model(), build_tiny_processor(), folder)
@@ -277,7 +360,8 @@ def preset_folder(name: str = "tiny", cache_dir: str | Path | None = None) -> Pa
     """The preset's checkpoint folder, written once into the cache (keyed by fingerprint)."""
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     folder = root / f"qwen3_asr-{name}-{preset_fingerprint(name)}"
-    if not (folder / "model.safetensors").is_file():
+    marker = "model.safetensors" if name == "tiny" else "config.json"  # folders appear by rename
+    if not (folder / marker).is_file():
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         write_preset_folder(name, tmp)
         if folder.exists():  # another process won the race; keep its copy

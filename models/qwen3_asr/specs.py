@@ -79,40 +79,50 @@ def layer_names(d: Mapping[str, int]) -> dict[str, list[str]]:
 
 
 def module_specs(model) -> list[ModuleSpec]:
+    """One spec per graph. ``model`` is a :class:`~.lazy.LazyQwen3ASR`: every ``build()`` reads
+    only its own module's weights (``model.part(path)``) and returns a fresh wrapper, so export
+    holds one layer in memory at a time (weight bytes per graph: :func:`module_weight_bytes`)."""
     d = dims(model)
-    m = model.model
-    tower, lm = m.audio_tower, m.language_model
+    text_cfg = model.config.text_config
     H, hd, kv = d["hidden"], d["head_dim"], d["kv_heads"]
     names = layer_names(d)
+    tower, text = "model.audio_tower", "model.language_model"
+
+    def audio_conv():
+        pos = model.skeleton.get_submodule(f"{tower}.positional_embedding").positional_embedding
+        return wrappers.AudioConv(*(model.part(f"{tower}.{n}") for n in ("conv2d1", "conv2d2", "conv2d3", "conv_out")),
+                                  pos, d["chunk_frames"]).eval()
+
     out = [
         ModuleSpec(
-            "audio_conv", build=lambda: wrappers.AudioConv(tower, d["chunk_frames"]).eval(),
+            "audio_conv", build=audio_conv,
             inputs=[TensorSpec("mel", (1, 1, d["mel_bins"], d["chunk_frames"]))],
             outputs=[TensorSpec("conv", (1, "steps", d["d_model"]))],
             notes="static: one 2*n_window-frame mel chunk; the host crops the partial last chunk"),
     ]
     for i, name in enumerate(names["audio"]):
         out.append(ModuleSpec(
-            name, build=lambda i=i: wrappers.AudioLayer(tower.layers[i]).eval(),
+            name, build=lambda i=i: wrappers.AudioLayer(model.part(f"{tower}.layers.{i}")).eval(),
             inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
             outputs=[TensorSpec("y", (1, "tokens", d["d_model"]))],
             axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}, {"tokens": 57}],
             notes="one encoder layer over one attention window (full attention inside it)"))
     out += [
         ModuleSpec(
-            "audio_head", build=lambda: wrappers.AudioHead(tower, m.multi_modal_projector).eval(),
+            "audio_head", build=lambda: wrappers.AudioHead(model.part(f"{tower}.ln_post"),
+                                                           model.part("model.multi_modal_projector")).eval(),
             inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
             outputs=[TensorSpec("audio_embeds", (1, "tokens", d["audio_out"]))],
             axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}]),
         ModuleSpec(
-            "embed", build=lambda: wrappers.TokenEmbed(lm.embed_tokens).eval(),
+            "embed", build=lambda: wrappers.TokenEmbed(model.part(f"{text}.embed_tokens")).eval(),
             inputs=[TensorSpec("ids", (1, "seq"), "int32")],
             outputs=[TensorSpec("emb", (1, "seq", H))],
             axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}]),
     ]
     for i, name in enumerate(names["prefill"]):
         out.append(ModuleSpec(
-            name, build=lambda i=i: wrappers.TextPrefillLayer(lm, i).eval(),
+            name, build=lambda i=i: wrappers.TextPrefillLayer(model.part(f"{text}.layers.{i}"), text_cfg).eval(),
             inputs=[TensorSpec("h", (1, "seq", H)), TensorSpec("cos", (1, "seq", hd)),
                     TensorSpec("sin", (1, "seq", hd)), TensorSpec("mask", (1, "seq", "seq"))],
             outputs=[TensorSpec("h_out", (1, "seq", H)), TensorSpec("k", (1, kv, "seq", hd)),
@@ -121,7 +131,7 @@ def module_specs(model) -> list[ModuleSpec]:
             parity_sizes=[{"seq": 1}, {"seq": 64}]))
     for i, name in enumerate(names["decode"]):
         out.append(ModuleSpec(
-            name, build=lambda i=i: wrappers.TextDecodeLayer(lm, i).eval(),
+            name, build=lambda i=i: wrappers.TextDecodeLayer(model.part(f"{text}.layers.{i}"), text_cfg).eval(),
             inputs=[TensorSpec("h", (1, 1, H)), TensorSpec("cos", (1, 1, hd)), TensorSpec("sin", (1, 1, hd)),
                     TensorSpec("mask", (1, 1, "past+1")), TensorSpec("past_k", (1, kv, "past", hd)),
                     TensorSpec("past_v", (1, kv, "past", hd))],
@@ -130,9 +140,24 @@ def module_specs(model) -> list[ModuleSpec]:
             axes={"past": DECODE_TRACE}, make_inputs=_decode_inputs(d),
             parity_sizes=[{"past": 1}, {"past": 77}]))
     out.append(ModuleSpec(
-        "lm_head", build=lambda: wrappers.LmHead(lm.norm, model.lm_head).eval(),
+        "lm_head", build=lambda: wrappers.LmHead(model.part(f"{text}.norm"), model.part("lm_head")).eval(),
         inputs=[TensorSpec("h", (1, 1, H))], outputs=[TensorSpec("logits", (1, 1, d["vocab"]))],
         notes="final RMSNorm + tied head on the last row only"))
+    return out
+
+
+def module_weight_bytes(model) -> dict[str, int]:
+    """float32 weight bytes each graph carries (read from shapes; no tensor is read)."""
+    d = dims(model)
+    tower, text = "model.audio_tower", "model.language_model"
+    b = model.part_bytes
+    out = {"audio_conv": sum(b(f"{tower}.{n}") for n in ("conv2d1", "conv2d2", "conv2d3", "conv_out"))}
+    out.update({f"audio_layer{i}": b(f"{tower}.layers.{i}") for i in range(d["audio_layers"])})
+    out["audio_head"] = b(f"{tower}.ln_post") + b("model.multi_modal_projector")
+    out["embed"] = b(f"{text}.embed_tokens")
+    for i in range(d["layers"]):
+        out[f"prefill_layer{i}"] = out[f"decode_layer{i}"] = b(f"{text}.layers.{i}")
+    out["lm_head"] = b(f"{text}.norm") + b("lm_head")
     return out
 
 
@@ -147,7 +172,8 @@ def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
                        set={"1": "-1"}, min_matches=2 * d["layers"],
                        why="repeat_kv reshape baked past+1; -1 lets ncnn infer the cache length")
     return ModuleSpec(
-        "decode_static", build=lambda: wrappers.StaticReshapeDecode(model.model.language_model).eval(),
+        "decode_static", build=lambda: wrappers.StaticReshapeDecode(
+            list(model.model.language_model.layers), model.config.text_config).eval(),
         inputs=[TensorSpec("emb", (1, 1, d["hidden"])), TensorSpec("cos", (1, 1, d["head_dim"])),
                 TensorSpec("sin", (1, 1, d["head_dim"])), TensorSpec("mask", (1, 1, "past+1")),
                 *kv_specs(d, "past", "past_")],

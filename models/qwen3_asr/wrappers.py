@@ -27,16 +27,25 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class AudioConv(nn.Module):
-    """``[1, 1, mel, 2*n_window]`` mel chunk -> ``[1, T, d_model]`` conv features + positions."""
+    """``[1, 1, mel, 2*n_window]`` mel chunk -> ``[1, T, d_model]`` conv features + positions.
 
-    def __init__(self, tower: nn.Module, chunk_frames: int) -> None:
+    Built from the tower's conv modules and its sinusoid table (``positions``), so the tower's
+    encoder layers need not exist in memory."""
+
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, conv3: nn.Module, conv_out: nn.Module,
+                 positions: torch.Tensor, chunk_frames: int) -> None:
         super().__init__()
-        self.conv1, self.conv2, self.conv3 = tower.conv2d1, tower.conv2d2, tower.conv2d3
-        self.conv_out = tower.conv_out
+        self.conv1, self.conv2, self.conv3 = conv1, conv2, conv3
+        self.conv_out = conv_out
         steps = chunk_frames
         for _ in range(3):
             steps = (steps - 1) // 2 + 1
-        self.register_buffer("positions", tower.positional_embedding.positional_embedding[:steps].clone()[None])
+        self.register_buffer("positions", positions[:steps].clone()[None])
+
+    @classmethod
+    def from_tower(cls, tower: nn.Module, chunk_frames: int) -> "AudioConv":
+        return cls(tower.conv2d1, tower.conv2d2, tower.conv2d3, tower.conv_out,
+                   tower.positional_embedding.positional_embedding, chunk_frames)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.conv1(mel))
@@ -74,9 +83,9 @@ class AudioLayer(nn.Module):
 class AudioHead(nn.Module):
     """``ln_post`` + the multimodal projector: ``[1,L,d] -> [1,L,out]`` (per token)."""
 
-    def __init__(self, tower: nn.Module, projector: nn.Module) -> None:
+    def __init__(self, ln_post: nn.Module, projector: nn.Module) -> None:
         super().__init__()
-        self.ln_post = tower.ln_post
+        self.ln_post = ln_post
         self.projector = projector
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,14 +104,16 @@ class TokenEmbed(nn.Module):
 
 
 class _DecoderStack(nn.Module):
-    """Shared layer math (Qwen3: per-head q/k RMSNorm, GQA, RoPE, SwiGLU) over a text model."""
+    """Shared layer math (Qwen3: per-head q/k RMSNorm, GQA, RoPE, SwiGLU) over decoder layers.
 
-    def __init__(self, text_model: nn.Module) -> None:
+    Holds only the layers it is given: a per-layer graph carries one layer's weights (a wrapper
+    holding the whole ``ModuleList`` would serialise every layer into every TorchScript file)."""
+
+    def __init__(self, layers: list[nn.Module], config) -> None:
         super().__init__()
-        self.layers = text_model.layers
-        attn = text_model.layers[0].self_attn
-        cfg = text_model.config
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.layers = nn.ModuleList(layers)
+        attn = layers[0].self_attn
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scale = attn.head_dim, attn.scaling
 
     def layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
@@ -127,22 +138,21 @@ class _DecoderStack(nn.Module):
 
 
 class TextPrefillLayer(_DecoderStack):
-    """Layer ``index`` over the prompt: ``(h [1,S,H], cos/sin [1,S,hd], mask [1,S,S])`` ->
+    """One decoder layer over the prompt: ``(h [1,S,H], cos/sin [1,S,hd], mask [1,S,S])`` ->
     ``(h, k, v)`` with K/V ``[1,kv_heads,S,hd]`` for the cache."""
 
-    def __init__(self, text_model: nn.Module, index: int) -> None:
-        super().__init__(text_model)
-        self.index = index
+    def __init__(self, layer: nn.Module, config) -> None:
+        super().__init__([layer], config)
 
     def forward(self, h, cos, sin, mask):
-        return self.layer(self.index, h, cos, sin, mask)
+        return self.layer(0, h, cos, sin, mask)
 
 
 class TextDecodeLayer(TextPrefillLayer):
-    """Layer ``index`` for one token with its explicit past K/V (``torch.cat`` -> ncnn Concat)."""
+    """One decoder layer for one token with its explicit past K/V (``torch.cat`` -> ncnn Concat)."""
 
     def forward(self, h, cos, sin, mask, past_k, past_v):
-        return self.layer(self.index, h, cos, sin, mask, past_k, past_v)
+        return self.layer(0, h, cos, sin, mask, past_k, past_v)
 
 
 class StaticReshapeDecode(_DecoderStack):

@@ -238,3 +238,20 @@ def test_submodel_sessions_share_no_mutable_state(built):
     mods["decode_layer1"].run(decode_inputs(prep.loaded.reference, 40)[:6])
     again = layer.run(inputs)
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def test_parity_cli_takes_the_users_own_audio(built, tmp_path):
+    """`ncnnport parity qwen3-asr --input my.flac` adds the user's file to the e2e fixtures."""
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+
+    path = tmp_path / "mine.flac"
+    sf.write(path, (synth_speechlike(1.5, seed=11) * 32767).astype(np.int16), 22050)
+    prep, _ = built
+    out = subprocess.run([sys.executable, "-m", "ncnnport.cli", "parity", "qwen3-asr", "--build-dir",
+                          str(prep.target.build_root), "--input", str(path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "input:mine.flac" in out.stdout and "PASSED" in out.stdout
+    summary = json.loads((prep.target.report_dir / "summary.json").read_text())
+    mine = [r for r in summary["e2e"] if r["fixture"] == "input:mine.flac" and r["stage"] == "tokens"]
+    assert mine and mine[0]["passed"] and mine[0]["tokens_compared"] >= 64

@@ -1,0 +1,292 @@
+"""Lazy weights: build one module at a time without ever materialising the whole model.
+
+Why: a real checkpoint (or a seeded stand-in at real widths) is several GB in float32, while one
+exported graph needs only its own layer. Export therefore asks a :class:`WeightSource` for the
+tensors of ONE module, builds that module, traces it and drops it; peak memory is one module.
+
+Two sources behind one interface:
+
+* :class:`SeededSource` - every tensor is a deterministic function of ``(seed, name, shape)`` and
+  of an init rule (mean/std per tensor), generated on demand. Asking for layer 3 alone gives the
+  same numbers as layer 3 of a full build, on any machine, in any order.
+* :class:`SafetensorsSource` - a local checkpoint folder (``model.safetensors`` or a sharded
+  ``model.safetensors.index.json``), read tensor by tensor with ``safe_open``: only requested
+  tensors are read. Pickle files are never opened.
+
+:func:`empty_module` constructs a module with parameters on the ``meta`` device (no memory) but
+real buffers (non-persistent buffers such as RoPE ``inv_freq`` or sinusoid tables are computed by
+constructors and are not in any checkpoint); :func:`materialize` fills the parameters of a
+(deep-copied) submodule from a source by their full names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class WeightSourceError(KeyError):
+    """A requested tensor does not exist in the source (or has another shape)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class WeightSource(ABC):
+    """Tensors by full name, produced on demand as float32 CPU tensors.
+
+    ``aliases`` maps a name to the name it is tied to (``lm_head.weight`` ->
+    ``model.embed_tokens.weight``): asking for the alias returns the target's values.
+    ``reads`` counts every tensor produced (name -> times), so callers and tests can prove that
+    a build touched only its own module.
+    """
+
+    def __init__(self, aliases: Mapping[str, str] | None = None) -> None:
+        self.aliases = dict(aliases or {})
+        self.reads: dict[str, int] = {}
+
+    @abstractmethod
+    def _names(self) -> list[str]:
+        """Names stored in the source (aliases excluded)."""
+
+    @abstractmethod
+    def _shape(self, name: str) -> tuple[int, ...]:
+        ...
+
+    @abstractmethod
+    def _load(self, name: str) -> torch.Tensor:
+        ...
+
+    # --- public interface ----------------------------------------------------------------------
+    def names(self) -> list[str]:
+        stored = self._names()
+        return stored + [a for a in self.aliases if a not in set(stored)]
+
+    def resolve(self, name: str) -> str:
+        if name in self.aliases and name not in set(self._names()):
+            return self.aliases[name]
+        return name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        real = self.resolve(name)
+        if real not in set(self._names()):
+            raise WeightSourceError(f"{self.describe()}: no tensor {name!r}")
+        return tuple(self._shape(real))
+
+    def get(self, name: str, shape: Sequence[int] | None = None) -> torch.Tensor:
+        real = self.resolve(name)
+        if real not in set(self._names()):
+            raise WeightSourceError(f"{self.describe()}: no tensor {name!r}")
+        if shape is not None and tuple(self._shape(real)) != tuple(shape):
+            raise WeightSourceError(f"{self.describe()}: tensor {name!r} has shape "
+                                    f"{tuple(self._shape(real))}, expected {tuple(shape)}")
+        self.reads[real] = self.reads.get(real, 0) + 1
+        t = self._load(real)
+        return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+    def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Every tensor under ``prefix.`` keyed by its name relative to the prefix."""
+        p = prefix + "." if prefix else ""
+        return {n[len(p):]: self.get(n) for n in self.names() if n.startswith(p)}
+
+    def nbytes(self, prefix: str = "") -> int:
+        """float32 bytes of the tensors under ``prefix`` (no tensor is read)."""
+        p = prefix + "." if prefix else ""
+        total = 0
+        for n in self.names():
+            if n.startswith(p) or n == prefix:
+                numel = 1
+                for d in self.shape(n):
+                    numel *= int(d)
+                total += 4 * numel
+        return total
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+# --- seeded source ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Init:
+    """Values ``mean + std * N(0, 1)``; ``std == 0`` gives the constant ``mean``."""
+
+    mean: float = 0.0
+    std: float = 0.0
+
+
+InitRule = Callable[[str, tuple[int, ...]], Init]
+
+
+def tensor_seed(seed: int, name: str, shape: Sequence[int]) -> int:
+    """A 63-bit generator seed from (seed, name, shape): stable across runs and machines."""
+    key = f"{int(seed)}|{name}|{','.join(str(int(d)) for d in shape)}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+class SeededSource(WeightSource):
+    """Deterministic per-tensor values: ``rule(name, shape)`` gives mean/std, the generator is
+    seeded from ``(seed, name, shape)`` only, so each tensor is independent of every other."""
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]], rule: InitRule, seed: int = 0,
+                 aliases: Mapping[str, str] | None = None) -> None:
+        super().__init__(aliases)
+        self.shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items() if k not in (aliases or {})}
+        self.rule = rule
+        self.seed = int(seed)
+
+    def _names(self) -> list[str]:
+        return list(self.shapes)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes[name]
+
+    def _load(self, name: str) -> torch.Tensor:
+        shape = self.shapes[name]
+        init = self.rule(name, shape)
+        if init.std == 0.0:
+            return torch.full(shape, float(init.mean), dtype=torch.float32)
+        gen = torch.Generator().manual_seed(tensor_seed(self.seed, name, shape))
+        t = torch.randn(shape, generator=gen, dtype=torch.float32)
+        t.mul_(float(init.std))
+        if init.mean:
+            t.add_(float(init.mean))
+        return t
+
+    def describe(self) -> str:
+        return f"seeded weights (seed {self.seed})"
+
+
+# --- safetensors source -------------------------------------------------------------------------
+def weight_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> file, from ``model.safetensors`` or the sharded index (no tensor read)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    single = folder / WEIGHTS_NAME
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {k: single for k in f.keys()}
+    index = folder / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {name: folder / shard for name, shard in weight_map.items()}
+        missing = sorted({str(p) for p in files.values() if not p.is_file()})
+        if missing:
+            raise FileNotFoundError(f"{folder}: shards listed in {INDEX_NAME} are missing: {missing}")
+        return files
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    hint = f" (found {pickles}: pickle weights are refused; convert them to safetensors)" if pickles else ""
+    raise FileNotFoundError(f"{folder}: no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
+
+
+class SafetensorsSource(WeightSource):
+    """Tensors of a local checkpoint folder, each read on request (``safe_open`` per read, so
+    no file stays mapped between module builds)."""
+
+    def __init__(self, folder: Path, aliases: Mapping[str, str] | None = None,
+                 rename: Callable[[str], str] | None = None) -> None:
+        super().__init__(aliases)
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        self.files = weight_files(self.folder)
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        for path in sorted(set(self.files.values())):
+            with safe_open(str(path), framework="pt") as f:
+                for k in f.keys():
+                    if self.files.get(k) == path:
+                        self._shapes[k] = tuple(f.get_slice(k).get_shape())
+        missing = sorted(set(self.files) - set(self._shapes))
+        if missing:
+            raise FileNotFoundError(f"{self.folder}: index lists tensors absent from their shard: {missing[:8]}")
+
+    def _names(self) -> list[str]:
+        return list(self._shapes)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def _load(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            t = f.get_tensor(name)
+        # float32 stays a view of the mapped file (page cache, released with the tensor): a clone
+        # would hold the file pages AND an anonymous copy, twice the module at the peak
+        return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+    def describe(self) -> str:
+        return f"checkpoint {self.folder}"
+
+
+# --- building modules ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Construct modules with every parameter on ``meta`` (no memory, no init cost) while
+    buffers stay real: constructors still compute RoPE / sinusoid tables."""
+    original = nn.Module.register_parameter
+
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(self, name, param)
+        p = self._parameters.get(name)
+        if p is not None and p.device.type != "meta":
+            self._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def empty_module(factory: Callable[[], nn.Module]) -> nn.Module:
+    with parameters_on_meta():
+        return factory()
+
+
+def parameter_shapes(module: nn.Module, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """Full name -> shape of every parameter (tied parameters appear under each name)."""
+    p = prefix + "." if prefix else ""
+    return {p + n: tuple(t.shape) for n, t in module.named_parameters(remove_duplicate=False)}
+
+
+def materialize(module: nn.Module, source: WeightSource, prefix: str, *, copy_module: bool = True) -> nn.Module:
+    """A copy of ``module`` (whose parameters may be on meta) with every parameter read from
+    ``source`` under ``prefix``. Tied parameters inside the module stay tied. Only this module's
+    tensors are read; the source's other tensors are never touched."""
+    mod = copy.deepcopy(module) if copy_module else module
+    p = prefix + "." if prefix else ""
+    seen: dict[int, torch.Tensor] = {}
+    for sub_name, sub in mod.named_modules():
+        for pname, param in list(sub._parameters.items()):
+            if param is None:
+                continue
+            key = id(param)
+            if key in seen:
+                sub._parameters[pname] = seen[key]  # type: ignore[assignment]
+                continue
+            full = p + (f"{sub_name}.{pname}" if sub_name else pname)
+            value = nn.Parameter(source.get(full, tuple(param.shape)), requires_grad=False)
+            seen[key] = value
+            sub._parameters[pname] = value
+    return mod
+
+
+def release(module: nn.Module) -> None:
+    """Move every parameter of ``module`` back to meta (frees its memory in place)."""
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and param.device.type != "meta":
+                sub._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=False)
