@@ -59,6 +59,7 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
         "versions": tool_versions(),
         "manifest_sha256": sha256_file(manifest),
         "build_key": read_json(manifest)["build_key"],
+        "memory": read_json(manifest).get("memory"),  # peak RSS per stage, from the convert receipts
         "timings_s": {**{k: round(v, 2) for k, v in prep.timings.items()},
                       **{k: round(v, 2) for k, v in timings.items()}},
     }

@@ -104,6 +104,15 @@ def markdown(summary: dict[str, Any]) -> str:
                         [[r["name"], r["output"], r["case"], r["cosine"], r["worst_row_cosine"], r["max_abs"],
                           r["mean_abs"], r["p99_abs"], r["ref_absmax"], r["nan"], r["inf"], r["passed"]]
                          for r in summary["modules"]]))
+    mem = summary.get("memory") or {}
+    stages = {k: v for k, v in mem.items() if isinstance(v, dict)}
+    if stages:
+        parts += ["", "## Export / convert memory (measured)", ""]
+        parts.append(_table(["stage", "peak RSS (MB)", "at module", "largest module (MB)", "peak / largest",
+                             "baseline RSS (MB)", "(peak - baseline) / largest"],
+                            [[k, v.get("peak_rss_mb"), v.get("peak_module"), v.get("largest_module_mb"),
+                              v.get("peak_over_largest"), v.get("baseline_rss_mb"),
+                              v.get("peak_above_baseline_over_largest")] for k, v in stages.items()]))
     parts += ["", "## Versions", "", _table(["package", "version"], [[k, v] for k, v in summary["versions"].items()]),
               "", f"Timings (s): `{summary.get('timings_s', {})}`", ""]
     return "\n".join(parts)
