@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import os
 import resource
 import sys
 from pathlib import Path

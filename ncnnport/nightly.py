@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from ncnnport.fsutil import read_json, write_json
+from ncnnport.fsutil import read_json
 
 STABILITY_ROUNDS = 100
 MAX_DRIFT_PCT_PER_100 = 2.0

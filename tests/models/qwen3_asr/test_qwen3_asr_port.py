@@ -152,10 +152,7 @@ def test_prompt_past_max_positions_is_refused(built):
 def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built, tmp_path):
     """A test double: prefill_layer1's ncnn weights scaled by 1.001. Local parity must fail for
     that module only, and the first-divergence trace must name it."""
-    import shutil
 
-    from ncnnport.convert.manifest import write_manifest
-    from ncnnport.fsutil import read_json
     from ncnnport.models.qwen3_asr.features import extract_features
     from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
     from ncnnport.models.qwen3_asr.port import PORT
@@ -168,14 +165,9 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
     from ncnnport.stages import open_ncnn_modules, torch_modules
 
     prep, pkg = built
-    bad = tmp_path / "pkg"
-    shutil.copytree(pkg, bad)
-    weights = bad / "ncnn" / "prefill_layer1.ncnn.bin"
-    data = np.fromfile(weights, dtype=np.float32)
-    (data * np.float32(1.001)).astype(np.float32).tofile(weights)
-    m = read_json(pkg / "manifest.json")
-    write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
-                   build_key=m["build_key"], commands=m["pnnx_commands"])
+    from tests.perturb import perturbed_package
+
+    bad = perturbed_package(pkg, tmp_path / "pkg", ["prefill_layer1"])
     ncnn_mods = open_ncnn_modules(bad)
     torch_mods = torch_modules(prep)
 

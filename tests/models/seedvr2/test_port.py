@@ -271,24 +271,15 @@ def test_trace_record_passes_and_covers_every_graph(summary) -> None:
 def test_perturbed_block_weights_are_named_as_first_divergence(built, tmp_path) -> None:
     """A test double: DiT block 1's two ncnn weight files scaled by 1.001. The trace must name
     block 1 (its pre graph is its first call) and see that block's own local error jump."""
-    import shutil
 
-    from ncnnport.convert.manifest import write_manifest
-    from ncnnport.fsutil import read_json
     from ncnnport.models.seedvr2.port import FIXTURES, PORT, TRACE_FIXTURE
     from ncnnport.registry import E2EContext
     from ncnnport.stages import open_ncnn_modules, torch_modules
 
     prep, pkg = built
-    bad = tmp_path / "pkg"
-    shutil.copytree(pkg, bad)
-    for part in ("pre", "post"):
-        weights = bad / "ncnn" / f"dit_block_01_{part}.ncnn.bin"
-        data = np.fromfile(weights, dtype=np.float32)
-        (data * np.float32(1.001)).astype(np.float32).tofile(weights)
-    m = read_json(pkg / "manifest.json")
-    write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
-                   build_key=m["build_key"], commands=m["pnnx_commands"])
+    from tests.perturb import perturbed_package
+
+    bad = perturbed_package(pkg, tmp_path / "pkg", ["dit_block_01_pre", "dit_block_01_post"])
     ctx = E2EContext(prep.loaded, open_ncnn_modules(bad), torch_modules(prep), bad, prep.policy)
     fx = next(f for f in FIXTURES if f.label == TRACE_FIXTURE)
     video = fx.video()

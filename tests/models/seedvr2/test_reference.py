@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ncnnport.models.seedvr2 import model as M
 from ncnnport.models.seedvr2.config import REAL, TINY, SeedVR2Config

@@ -94,10 +94,7 @@ def test_teacher_forced_gate_judges_reduced_precision_modes(built):
 def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built, modules, tmp_path):
     """A test double: llm_layer1's ncnn weights scaled by 1.001. Local parity must fail for that
     module only, and the first-divergence trace must name it."""
-    import shutil
 
-    from ncnnport.convert.manifest import write_manifest
-    from ncnnport.fsutil import read_json
     from ncnnport.models.youtu_vl.model import reference_generate
     from ncnnport.models.youtu_vl.port import trace_record
     from ncnnport.parity.local import local_parity
@@ -106,14 +103,9 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
 
     prep, pkg = built
     _, torch_mods = modules
-    bad = tmp_path / "pkg"
-    shutil.copytree(pkg, bad)
-    weights = bad / "ncnn" / "llm_layer1.ncnn.bin"
-    data = np.fromfile(weights, dtype=np.float32)
-    (data * np.float32(1.001)).astype(np.float32).tofile(weights)
-    m = read_json(pkg / "manifest.json")
-    write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
-                   build_key=m["build_key"], commands=m["pnnx_commands"])
+    from tests.perturb import perturbed_package
+
+    bad = perturbed_package(pkg, tmp_path / "pkg", ["llm_layer1"])
     ncnn_mods = open_ncnn_modules(bad)
 
     default = prep.policy.default()
