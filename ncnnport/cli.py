@@ -65,7 +65,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_parity(args: argparse.Namespace) -> int:
     from ncnnport.nightly import full_parity
-    from ncnnport.reports.summary import gate_table, write_report
+    from ncnnport.reports.summary import write_report
     from ncnnport.stages import convert_stage, prepare
     ok = True
     for t in _targets(args):
@@ -76,16 +76,21 @@ def cmd_parity(args: argparse.Namespace) -> int:
             from ncnnport.parity.sweep import sweep_table
             print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
         path = write_report(summary, t.report_dir)
-        print(f"\n## {t.model} ({t.source}): {'PASSED' if summary['gates_passed'] else 'FAILED'}")
-        print(gate_table(summary))
-        print(f"report: {path.parent / 'report.md'}\nsummary: {path}")
+        _print_gates(f"{t.model} ({t.source})", summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
 
 
+def _print_gates(title: str, summary: dict, summary_path: Path) -> None:
+    from ncnnport.reports.summary import gate_table
+    print(f"\n## {title}: {'PASSED' if summary['gates_passed'] else 'FAILED'}")
+    print(gate_table(summary))
+    print(f"report: {summary_path.parent / 'report.md'} (also report.html, junit.xml)\nsummary: {summary_path}")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ncnnport.fsutil import read_json
-    from ncnnport.reports.summary import gate_table, write_report
+    from ncnnport.reports.summary import write_report
     ok = True
     for t in _targets(args):
         path = t.report_dir / "summary.json"
@@ -102,9 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             for line in found:
                 print(f"  - {line}")
             ok = ok and not found
-        print(f"\n## {t.model}: {'PASSED' if summary['gates_passed'] else 'FAILED'}")
-        print(gate_table(summary))
-        print(f"report: {t.report_dir / 'report.md'}")
+        _print_gates(t.model, summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
 

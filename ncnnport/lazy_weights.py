@@ -169,26 +169,40 @@ class SeededSource(WeightSource):
 
 
 # --- safetensors source -------------------------------------------------------------------------
-def weight_files(folder: Path) -> dict[str, Path]:
-    """tensor name -> file, from ``model.safetensors`` or the sharded index (no tensor read)."""
-    from safetensors import safe_open
-
+def checkpoint_shards(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder: ``model.safetensors`` or every shard named by
+    the index. Pickle weights are refused with a hint; every loader in the project uses this."""
     folder = Path(folder)
     single = folder / WEIGHTS_NAME
     if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return {k: single for k in f.keys()}
+        return [single]
     index = folder / INDEX_NAME
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
-        files = {name: folder / shard for name, shard in weight_map.items()}
-        missing = sorted({str(p) for p in files.values() if not p.is_file()})
+        files = [folder / shard for shard in sorted(set(weight_map.values()))]
+        missing = [str(p) for p in files if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"{folder}: shards listed in {INDEX_NAME} are missing: {missing}")
         return files
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     hint = f" (found {pickles}: pickle weights are refused; convert them to safetensors)" if pickles else ""
     raise FileNotFoundError(f"{folder}: no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> file, from ``model.safetensors`` or the sharded index (no tensor read)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    shards = checkpoint_shards(folder)
+    index = folder / INDEX_NAME
+    if shards == [folder / WEIGHTS_NAME] or not index.is_file():
+        out: dict[str, Path] = {}
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                out.update({k: shard for k in f.keys()})
+        return out
+    return {name: folder / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
 
 
 class SafetensorsSource(WeightSource):

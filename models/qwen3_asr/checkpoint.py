@@ -26,8 +26,8 @@ from transformers import (
     Qwen3ASRProcessor,
 )
 
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
+from ncnnport.lazy_weights import WEIGHTS_NAME, checkpoint_shards
+
 # Tied to the embedding when config.tie_word_embeddings: may be absent (or present) in a file.
 TIED_KEYS = ("lm_head.weight",)
 
@@ -59,20 +59,10 @@ def save_checkpoint(
 
 
 def _weight_files(folder: Path) -> list[Path]:
-    single = folder / WEIGHTS_NAME
-    if single.is_file():
-        return [single]
-    index = folder / INDEX_NAME
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"{folder}: shards listed in {INDEX_NAME} are missing: {missing}")
-        return files
-    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
-    hint = f" (found {pickles}: pickle weights are refused; convert them to safetensors)" if pickles else ""
-    raise CheckpointError(f"{folder}: no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
+    try:
+        return checkpoint_shards(folder)
+    except FileNotFoundError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 def read_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:

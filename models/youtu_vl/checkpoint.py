@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ncnnport.lazy_weights import checkpoint_shards
+
 from ncnnport.models.youtu_vl.config import YoutuVLConfig
 from ncnnport.models.youtu_vl.model import YoutuVL
 from ncnnport.models.youtu_vl.tokenizer import load_tokenizer
@@ -43,16 +45,7 @@ def save_checkpoint(vl: YoutuVL, folder: Path) -> None:
 
 
 def _weight_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / n for n in names]
-    else:
-        files = [folder / "model.safetensors"]
-    missing = [f for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {folder}: missing weight files {[str(m) for m in missing]}")
-    return files
+    return checkpoint_shards(folder)
 
 
 def read_config(folder: Path) -> YoutuVLConfig:

@@ -55,3 +55,27 @@ def test_token_mismatch_reports_reference_margin():
     ok = token_record("clip", [1, 0], [1, 0], logits, min_tokens=2)
     assert ok["passed"] and ok["first_mismatch"] is None
     assert not token_record("clip", [1], [1], logits, min_tokens=2)["passed"]
+
+
+def test_a_run_with_no_e2e_records_does_not_pass(toy_package, tmp_path):
+    """run_parity must not report PASSED when the model's e2e hook compared nothing."""
+    from types import SimpleNamespace
+
+    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.fsutil import write_json
+    from ncnnport.parity.policy import Policy
+    from ncnnport.parity.run import run_parity
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(toy_package["dir"], pkg / "ncnn")
+    write_json(pkg / "specs" / "toy.spec.json", toy_package["record"])
+    write_manifest(pkg, model="toy", source="test", config_hash="-", build_key="-", commands=[])
+    spec = toy_package["spec"]
+    port = SimpleNamespace(e2e_parity=lambda ctx: [])
+    prep = SimpleNamespace(target=SimpleNamespace(model="toy", preset="tiny", ckpt=None), specs=[spec],
+                           port=port, loaded=None, policy=Policy.load(None), timings={})
+    summary = run_parity(prep, pkg)
+    assert all(r["passed"] for r in summary["modules"]) and summary["e2e"] == []
+    assert not summary["gates_passed"]
+    assert run_parity(prep, pkg, skip_e2e=True)["gates_passed"]
