@@ -71,12 +71,17 @@ def cmd_parity(args: argparse.Namespace) -> int:
     for t in _targets(args):
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
-        summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
+        if args.stream:
+            from ncnnport.parity.run import run_streamed_parity
+            summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
+        else:
+            summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
         if args.sweep:
             from ncnnport.parity.sweep import sweep_table
             print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
-        path = write_report(summary, t.report_dir)
-        _print_gates(f"{t.model} ({t.source})", summary, path)
+        report_dir = t.report_dir.with_name(t.report_dir.name + "-streamed") if args.stream else t.report_dir
+        path = write_report(summary, report_dir)
+        _print_gates(f"{t.model} ({t.source}{', streamed' if args.stream else ''})", summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
 
@@ -220,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your own input file for the e2e parity (repeatable)")
     p.add_argument("--sweep", action="store_true",
                    help="also rerun under every ncnn precision/thread/backend option and pnnx fp16 weights")
+    p.add_argument("--stream", action="store_true",
+                   help="full-depth parity holding one module of each side at a time (models too large "
+                        "for the reference and the package in memory together)")
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)
     p.add_argument("--stage", default=None, help="bench stage (default: every stage of the model)")

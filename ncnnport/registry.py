@@ -83,6 +83,11 @@ class ModelPort(ABC):
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
         """Propagated parity records (schema of summary.json's ``e2e`` entries)."""
 
+    def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Full-depth parity holding one module of each side at a time (``parity --stream``):
+        (records, memory/timing receipt). For models too large for reference + package in RAM."""
+        raise NotImplementedError(f"model {self.name} has no streamed parity")
+
     def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
         """The ``run`` verb; models without a CLI runtime say so."""
         raise NotImplementedError(f"model {self.name} has no run command")

@@ -12,7 +12,8 @@ from ncnnport.fsutil import read_json, sha256_file
 from ncnnport.parity.local import local_parity
 from ncnnport.registry import E2EContext
 from ncnnport.runtime.options import FP32, RuntimeOptions
-from ncnnport.stages import Prepared, log, open_ncnn_modules, torch_modules
+from ncnnport.runtime.lazy_modules import LazyModules
+from ncnnport.stages import LazyTorchModules, Prepared, log
 
 SUMMARY_SCHEMA = 1
 
@@ -21,8 +22,10 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
                options: RuntimeOptions = FP32, precision: str = "fp32",
                skip_e2e: bool = False) -> dict[str, Any]:
     t = prep.target
-    ncnn_mods = open_ncnn_modules(package, options=options)
-    torch_mods = torch_modules(prep)
+    # Both sides open lazily and local parity releases each pair after use: at real size only one
+    # module of each is resident during local parity (the e2e check opens what it needs).
+    ncnn_mods = LazyModules(package, options=options)
+    torch_mods = LazyTorchModules(prep.specs)
     default = prep.policy.default(precision)
     modules: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -31,6 +34,8 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
         if precision != "fp32":  # a precision mode is judged by its own budgets
             spec = dataclasses.replace(spec, tolerances=prep.policy.module(spec.name, precision))
         modules += local_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], default)
+        torch_mods.release(spec.name)
+        ncnn_mods.release(spec.name)
     timings = {"local_s": time.perf_counter() - t0}
     e2e: list[dict[str, Any]] = []
     if not skip_e2e:
@@ -64,4 +69,27 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
         "memory": read_json(manifest).get("memory"),  # peak RSS per stage, from the convert receipts
         "timings_s": {**{k: round(v, 2) for k, v in prep.timings.items()},
                       **{k: round(v, 2) for k, v in timings.items()}},
+    }
+
+
+def run_streamed_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = ()) -> dict[str, Any]:
+    """The model's streamed full-depth parity (one module of each side resident at a time) in the
+    summary schema: its records are propagated/local stage rows, its memory receipt is kept."""
+    t = prep.target
+    t0 = time.perf_counter()
+    ctx = E2EContext(loaded=prep.loaded, ncnn_modules=LazyModules(package), torch_modules=LazyTorchModules(prep.specs),
+                     package_dir=package, policy=prep.policy, user_inputs=list(user_inputs))
+    log(f"{t.model}: streamed full-depth parity")
+    records, receipt = prep.port.streamed_parity(ctx)
+    manifest = read_json(package / "manifest.json")
+    return {
+        "schema": SUMMARY_SCHEMA, "model": t.model, "mode": "streamed",
+        "preset": t.preset if t.ckpt is None else None, "ckpt": str(Path(t.ckpt).name) if t.ckpt else None,
+        "precision": "fp32", "runtime_options": FP32.to_json(),
+        "gates_passed": bool(records) and all(r["passed"] for r in records),
+        "policy": prep.policy.describe(), "modules": [], "e2e": records, "streamed": receipt,
+        "versions": tool_versions(), "manifest_sha256": sha256_file(package / "manifest.json"),
+        "build_key": manifest["build_key"], "memory": manifest.get("memory"),
+        "timings_s": {**{k: round(v, 2) for k, v in prep.timings.items()},
+                      "streamed_s": round(time.perf_counter() - t0, 2)},
     }

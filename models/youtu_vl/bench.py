@@ -22,7 +22,13 @@ from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
 from ncnnport.runtime.rope import cos_sin, inv_freq
 
-STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512")}
+STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
+                                      "layers": ("16", "512")}
+# `make bench-perf MODEL=youtu-vl`: the LLM layers alone (the per-layer decode speed targets), a
+# whole token (layers + the 283386 x 2560 tied head, which dominates at real size) and the vision
+# encoder at the issue's two image sizes.
+PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
+                                     "vision_encoder": ["448x448", "1024x1024"]}
 DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
 
 Call = Callable[[], list[np.ndarray]]
@@ -88,6 +94,17 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
                 h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
             return head.run([h])
         return step
+    if stage == "layers":
+        d = decode_inputs(vl, cache_length(size))
+        hidden = np.random.default_rng(1).standard_normal((1, 1, vl.cfg.text.hidden_size)).astype(np.float32)
+        layers = [modules[layer_name(i)] for i in range(vl.cfg.text.num_hidden_layers)]
+
+        def layer_step() -> list[np.ndarray]:
+            h = hidden
+            for layer, (latent, krot) in zip(layers, d["cache"]):
+                h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
+            return [h]
+        return layer_step
     raise ValueError(f"youtu-vl: no bench stage {stage!r}; known: {', '.join(STAGES)}")
 
 
@@ -101,12 +118,15 @@ def torch_call(vl: Any, stage: str, size: str) -> Call | None:
         return encode
     if stage == "decode":
         return torch_decode_call(vl, cache_length(size))
+    if stage == "layers":
+        return torch_decode_call(vl, cache_length(size), layers_only=True)
     return None
 
 
-def torch_decode_call(vl: Any, past: int) -> Call:
+def torch_decode_call(vl: Any, past: int, layers_only: bool = False) -> Call:
     """transformers' eager ``YoutuForCausalLM``: one token on a DynamicCache of ``past`` entries,
-    cropped back after each call so every call decodes at the same position."""
+    cropped back after each call so every call decodes at the same position. ``layers_only``:
+    the decoder stack alone on a fixed hidden state (``YoutuModel``, no embedding, no head)."""
     import torch
     from transformers import DynamicCache
 
@@ -122,22 +142,34 @@ def torch_decode_call(vl: Any, past: int) -> Call:
         raise RuntimeError(f"youtu-vl torch decode bench: cache holds {cache.get_seq_length()}, not {past}")
     position = torch.tensor([[past]])
 
+    hidden = torch.from_numpy(np.random.default_rng(1).standard_normal(
+        (1, 1, vl.cfg.text.hidden_size)).astype(np.float32))
+
     def call() -> list[np.ndarray]:
         with torch.no_grad():
-            out = llm(input_ids=token, cache=cache, position_ids=position, use_cache=True)
+            if layers_only:
+                out = llm.model(inputs_embeds=hidden, cache=cache, position_ids=position, use_cache=True)
+                result = out.last_hidden_state
+            else:
+                result = llm(input_ids=token, cache=cache, position_ids=position, use_cache=True).logits
         cache.crop(-1)  # drop the token just added: the cache is back at `past` entries
-        return [out.logits.float().numpy()]
+        return [result.float().numpy()]
     return call
 
 
 def stage_bytes(vl: Any, stage: str, size: str) -> dict[str, int] | None:
-    """Bytes one decode call must read at least (fp32): every LLM layer's weights, the final norm
-    and the tied head table (the embedding row it also reads is one row of that table), and the
-    latent cache of dummy + P rows per layer. None for the compute-bound vision encoder."""
-    if stage != "decode":
+    """Bytes one decode call must read at least (fp32): every LLM layer's weights (``layers``),
+    plus the final norm and the tied head table for a whole token (``decode``; the embedding row
+    it also reads is one row of that table), and the latent cache of dummy + P rows per layer.
+    None for the compute-bound vision encoder. Sizes come from shapes: nothing is materialised."""
+    from ncnnport.models.youtu_vl.specs import module_weight_bytes
+
+    if stage not in ("decode", "layers"):
         return None
     t = vl.cfg.text
-    layers = sum(p.numel() for layer in vl.model.layers for p in layer.parameters())
-    head = vl.model.norm.weight.numel() + vl.lm_head.weight.numel()
+    sizes = module_weight_bytes(vl)
+    weights = sum(sizes[layer_name(i)] for i in range(t.num_hidden_layers))
+    if stage == "decode":
+        weights += sizes[LM_HEAD]
     kv = t.num_hidden_layers * (cache_length(size) + 1) * (t.kv_lora_rank + t.qk_rope_head_dim)
-    return {"weights": 4 * (layers + head), "kv_cache": 4 * kv}
+    return {"weights": weights, "kv_cache": 4 * kv}

@@ -36,6 +36,11 @@ class YoutuVL(nn.Module):
         self.eval()
         llm.eval()
 
+    def part(self, path: str) -> nn.Module:
+        """Submodule ``path`` (the same interface as ``LazyYoutuVL.part``, which reads it lazily):
+        export wrappers ask for parts only, so they never need the whole model."""
+        return self.get_submodule(path)
+
     def tie_weights(self) -> None:
         if self.cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -19,30 +19,42 @@ MIN_TOKENS = 64
 class YoutuVLPort(ModelPort):
     name = "youtu-vl"
     presets = ("tiny", "mid", "real")
+    supports_layers = True
 
     # --- load / split ---------------------------------------------------------------------
-    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
-        from ncnnport.models.youtu_vl.checkpoint import load_checkpoint
+    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
+        """A :class:`~.lazy.LazyYoutuVL`: weights are read (checkpoint, tiny/mid preset folders) or
+        generated (seeded ``real`` preset) one module at a time; the whole model is built only
+        when e2e parity, the torch bench or the run verb ask for it. ``layers=K`` keeps the first
+        K LLM layers."""
+        from ncnnport.models.youtu_vl import lazy
+        from ncnnport.models.youtu_vl.checkpoint import read_config
         from ncnnport.models.youtu_vl.presets import materialise_preset
+        from ncnnport.models.youtu_vl.tokenizer import load_tokenizer
 
-        if ckpt is not None:
-            folder = Path(ckpt)
-        elif preset == "real":
-            raise ValueError("youtu-vl: the real preset has no seeded weights; pass --ckpt <folder>")
+        folder = Path(ckpt) if ckpt is not None else materialise_preset(preset)
+        cfg = lazy.truncated_config(read_config(folder), layers)
+        if ckpt is None and preset == "real":
+            vl = lazy.seeded(cfg, lazy.REAL_SEED)
         else:
-            folder = materialise_preset(preset)
-        vl, tokenizer = load_checkpoint(folder)
+            vl = lazy.from_folder(folder, cfg, truncated=layers is not None)
+        tokenizer = load_tokenizer(folder)
         assets = {"config.json": folder / "config.json", "tokenizer.json": folder / "tokenizer.json"}
         if (folder / "tokenizer_config.json").is_file():
             assets["tokenizer_config.json"] = folder / "tokenizer_config.json"
-        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=vl.cfg.to_json(),
+        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=cfg.to_json(),
                            reference=vl, assets=assets,
-                           extra={"tokenizer": tokenizer, "folder": folder})
+                           extra={"tokenizer": tokenizer, "folder": folder, "layers": layers})
 
     def module_specs(self, loaded: LoadedModel) -> list[ModuleSpec]:
         from ncnnport.models.youtu_vl.specs import module_specs
 
         return module_specs(loaded.reference)
+
+    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
+        from ncnnport.models.youtu_vl.specs import module_weight_bytes
+
+        return module_weight_bytes(loaded.reference)
 
     # --- e2e parity ---------------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
@@ -66,6 +78,30 @@ class YoutuVLPort(ModelPort):
                                 trace_ctx=ctx if name == trace_fixture else None)
         return records
 
+    def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Prefill parity at full depth, one module of each side at a time (see streamed.py), on
+        the first image fixture that spans several windows (or ``--input`` images)."""
+        from PIL import Image
+
+        from ncnnport.models.youtu_vl.fixtures import FIXTURES
+        from ncnnport.models.youtu_vl.streamed import streamed_parity
+
+        fixtures = [f for f in FIXTURES if f.name == "grid_12x18"]
+        for path in ctx.user_inputs:
+            with Image.open(path) as img:
+                rgb = img.convert("RGB")
+            fixtures.append(_FileFixture(f"user:{Path(path).name}", rgb))
+        records: list[dict[str, Any]] = []
+        receipts: dict[str, Any] = {}
+        for fx in fixtures:
+            recs, receipt = streamed_parity(
+                ctx.loaded.reference, ctx.package_dir, ctx.loaded.extra["tokenizer"], fx,
+                tol_for=lambda stage: _stage_tol(ctx, stage),
+                layer_tol=lambda name: ctx.policy.default() if ctx.policy else Tolerance())
+            records += recs
+            receipts[fx.name] = receipt
+        return records, receipts
+
     # --- bench ------------------------------------------------------------------------------
     def bench_stages(self) -> dict[str, list[str]]:
         from ncnnport.models.youtu_vl.bench import STAGES
@@ -81,6 +117,11 @@ class YoutuVLPort(ModelPort):
         from ncnnport.models.youtu_vl.bench import torch_call
 
         return torch_call(loaded.reference, stage, size)
+
+    def bench_perf_stages(self) -> dict[str, list[str]]:
+        from ncnnport.models.youtu_vl.bench import PERF_STAGES
+
+        return {k: list(v) for k, v in PERF_STAGES.items()}
 
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
         from ncnnport.models.youtu_vl.bench import stage_bytes
@@ -118,6 +159,16 @@ class YoutuVLPort(ModelPort):
                  on_token=lambda t: None if t == EOS_ID else streamer.put(t))
         streamer.end()
         return 0
+
+
+class _FileFixture:
+    """A user's image as a streamed-parity fixture (same interface as fixtures.Fixture)."""
+
+    def __init__(self, name: str, image: Any, prompt: str = "Describe this image.") -> None:
+        self.name, self._image, self.prompt = name, image, prompt
+
+    def image(self) -> Any:
+        return self._image
 
 
 class TextStreamer:

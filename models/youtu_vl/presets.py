@@ -72,8 +72,11 @@ def write_preset(name: str, folder: Path, seed: int = 0) -> Path:
     from ncnnport.models.youtu_vl.checkpoint import save_checkpoint
     from ncnnport.models.youtu_vl.tokenizer import build_tiny_tokenizer
 
-    if name == "real":
-        raise ValueError("the real preset has no seeded weights: pass a checkpoint folder")
+    if name == "real":  # weights are generated per tensor on demand (lazy.seeded), never stored
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(preset_config(name).to_json(), indent=2) + "\n")
+        build_tiny_tokenizer(folder)
+        return folder
     vl = build_preset_model(preset_config(name), seed, WEIGHT_STD[name])
     save_checkpoint(vl, folder)
     build_tiny_tokenizer(folder)
@@ -81,7 +84,8 @@ def write_preset(name: str, folder: Path, seed: int = 0) -> Path:
 
 
 def materialise_preset(name: str, seed: int = 0, root: Path | None = None) -> Path:
-    """Checkpoint folder of a seeded preset, written once (atomically) and reused."""
+    """Checkpoint folder of a seeded preset, written once (atomically) and reused. The ``real``
+    preset's folder holds config.json and the stand-in tokenizer only (no weights)."""
     root = Path(root) if root else default_cache_root()
     final = root / preset_key(name, seed)
     if (final / "config.json").is_file() and (final / "tokenizer.json").is_file():

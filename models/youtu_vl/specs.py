@@ -180,3 +180,34 @@ def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]
             *(_layer_spec(vl, i) for i in range(vl.cfg.text.num_hidden_layers)), _head_spec(vl)]
 
 
+
+
+def module_paths(cfg, vision_mode: str = "segments") -> dict[str, list[str]]:
+    """Graph name -> the submodules whose weights it holds (for sizes; nothing is read), for the
+    same split as :func:`module_specs`."""
+    from ncnnport.models.youtu_vl.wrappers import TOWER
+
+    out: dict[str, list[str]] = {}
+    if vision_mode == "masked":
+        out[VISION] = [TOWER]
+    else:
+        for seg in vision_segments(cfg):
+            out[seg.name] = ([f"{TOWER}.embeddings"] if seg.first else []) + \
+                [f"{TOWER}.encoder.layers.{i}" for i in range(seg.start, seg.end)] + \
+                ([f"{TOWER}.post_layernorm"] if seg.last else [])
+    out[MERGER] = ["merger"]
+    if not cfg.text.tie_word_embeddings:
+        out[EMBED] = ["model.embed_tokens"]
+    for i in range(cfg.text.num_hidden_layers):
+        out[layer_name(i)] = [f"model.layers.{i}"]
+    out[LM_HEAD] = ["model.norm", "lm_head"]
+    return out
+
+
+def module_weight_bytes(vl) -> dict[str, int]:
+    """float32 weight bytes per graph, from the source's shapes (``LazyYoutuVL``) or the module."""
+    def nbytes(path: str) -> int:
+        if hasattr(vl, "part_bytes"):
+            return vl.part_bytes(path)
+        return sum(4 * p.numel() for p in vl.get_submodule(path).parameters())
+    return {name: sum(nbytes(p) for p in paths) for name, paths in module_paths(vl.cfg).items()}

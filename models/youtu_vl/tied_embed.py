@@ -15,6 +15,7 @@ gamma (H raw float32, load type 1), then B with a 4-byte storage tag (0: float32
 
 from __future__ import annotations
 
+from collections import ChainMap
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -108,4 +109,5 @@ def with_tied_embedding(runners: Mapping[str, Any]) -> Mapping[str, Any]:
     """``runners`` plus a host ``text_embed`` read from its lm_head when no graph provides one."""
     if EMBED_NAME in runners:
         return runners
-    return {**runners, EMBED_NAME: TiedEmbedding.from_head(runners[LM_HEAD_NAME])}
+    # an overlay, not a copy: a lazy mapping keeps opening graphs only when they are looked up
+    return ChainMap({EMBED_NAME: TiedEmbedding.from_head(runners[LM_HEAD_NAME])}, runners)

@@ -21,6 +21,8 @@ from torch import nn
 
 from ncnnport.models.youtu_vl.model import YoutuVL
 
+TOWER = "siglip2.vision_model"
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -42,8 +44,8 @@ class VisionTowerGraph(nn.Module):
 
     def __init__(self, vl: YoutuVL) -> None:
         super().__init__()
-        tower = vl.siglip2.vision_model
-        cfg = tower.cfg
+        tower = vl.part(TOWER)
+        cfg = vl.cfg.vision
         self.embed = tower.embeddings.patch_embedding
         self.blocks = tower.encoder.layers
         self.post_layernorm = tower.post_layernorm
@@ -84,11 +86,10 @@ class VisionSegmentGraph(nn.Module):
 
     def __init__(self, vl: YoutuVL, start: int, end: int, *, first: bool, last: bool) -> None:
         super().__init__()
-        tower = vl.siglip2.vision_model
-        cfg = tower.cfg
-        self.embed = tower.embeddings.patch_embedding if first else None
-        self.blocks = nn.ModuleList(tower.encoder.layers[start:end])
-        self.post_layernorm = tower.post_layernorm if last else None
+        cfg = vl.cfg.vision
+        self.embed = vl.part(f"{TOWER}.embeddings.patch_embedding") if first else None
+        self.blocks = nn.ModuleList(vl.part(f"{TOWER}.encoder.layers.{i}") for i in range(start, end))
+        self.post_layernorm = vl.part(f"{TOWER}.post_layernorm") if last else None
         self.heads, self.head_dim, self.hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -113,7 +114,7 @@ class MergerGraph(nn.Module):
 
     def __init__(self, vl: YoutuVL) -> None:
         super().__init__()
-        self.merger = vl.merger
+        self.merger = vl.part("merger")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.merger
@@ -125,7 +126,7 @@ class TextEmbedGraph(nn.Module):
 
     def __init__(self, vl: YoutuVL) -> None:
         super().__init__()
-        self.embed_tokens = vl.model.embed_tokens
+        self.embed_tokens = vl.part("model.embed_tokens")
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
@@ -143,7 +144,7 @@ class DecoderLayerGraph(nn.Module):
     def __init__(self, vl: YoutuVL, index: int) -> None:
         super().__init__()
         t = vl.cfg.text
-        layer = vl.model.layers[index]
+        layer = vl.part(f"model.layers.{index}")
         a = layer.self_attn
         self.heads, self.nope, self.rope, self.v_dim = t.num_attention_heads, t.qk_nope_head_dim, \
             t.qk_rope_head_dim, t.v_head_dim
@@ -201,8 +202,8 @@ class LmHeadGraph(nn.Module):
 
     def __init__(self, vl: YoutuVL) -> None:
         super().__init__()
-        self.norm = vl.model.norm
-        self.lm_head = vl.lm_head
+        self.norm = vl.part("model.norm")
+        self.lm_head = vl.part("lm_head")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))

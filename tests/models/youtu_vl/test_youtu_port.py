@@ -135,7 +135,9 @@ def test_bench_stages_and_calls(built, modules):
     prep, _ = built
     ncnn_mods, _ = modules
     port, loaded = prep.port, prep.loaded
-    assert port.bench_stages() == {"vision_encoder": ["224x224", "448x448"], "decode": ["16", "512"]}
+    assert port.bench_stages() == {"vision_encoder": ["224x224", "448x448"], "decode": ["16", "512"],
+                                   "layers": ["16", "512"]}
+    assert set(port.bench_perf_stages()) == {"layers", "decode", "vision_encoder"}
     for size, patches in (("224x224", 14 * 14), ("448x448", 28 * 28)):
         ours = port.bench_call(loaded, ncnn_mods, "vision_encoder", size)()
         ref = port.torch_bench_call(loaded, "vision_encoder", size)()
@@ -151,6 +153,13 @@ def test_bench_stages_and_calls(built, modules):
         torch_step = port.torch_bench_call(loaded, "decode", size)
         t1, t2 = torch_step(), torch_step()   # the cache is cropped back: same work, same answer
         assert t1[0].shape == (1, 1, vocab) and np.array_equal(t1[0], t2[0])
+    hidden = loaded.reference.cfg.text.hidden_size
+    layers_step, layers_torch = (port.bench_call(loaded, ncnn_mods, "layers", "16"),
+                                 port.torch_bench_call(loaded, "layers", "16"))
+    ours, ref = layers_step(), layers_torch()
+    assert ours[0].shape == (1, 1, hidden) and np.array_equal(ours[0], layers_step()[0])
+    # same random hidden state and a random (not the torch) cache: shapes and finiteness only
+    assert ref[0].shape == (1, 1, hidden) and np.isfinite(ref[0]).all()
     head = (built[1] / "ncnn" / "lm_head.ncnn.bin").stat().st_size
     layers = sum((built[1] / "ncnn" / f"llm_layer{i}.ncnn.bin").stat().st_size
                  for i in range(loaded.reference.cfg.text.num_hidden_layers))
@@ -158,6 +167,7 @@ def test_bench_stages_and_calls(built, modules):
     assert abs(nbytes["weights"] - (head + layers)) < 0.01 * (head + layers)   # what the graphs hold
     t = loaded.reference.cfg.text
     assert nbytes["kv_cache"] == 4 * 513 * (t.kv_lora_rank + t.qk_rope_head_dim) * t.num_hidden_layers
+    assert port.bench_bytes(loaded, "layers", "512")["weights"] < nbytes["weights"] - 0.99 * head
     assert port.bench_bytes(loaded, "vision_encoder", "224x224") is None
     with pytest.raises(ValueError, match="no bench stage"):
         port.bench_call(loaded, ncnn_mods, "audio", "1")

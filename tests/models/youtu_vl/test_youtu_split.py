@@ -141,9 +141,16 @@ def test_run_streams_text_and_stops_at_eos(loaded, runners, capsys, tmp_path):
     assert len(want) > 0 and out == want + "\n"
 
 
-def test_real_preset_needs_a_checkpoint():
-    with pytest.raises(ValueError, match="--ckpt"):
-        PORT.load("real", None)
+def test_real_preset_loads_lazily_with_layers():
+    """The seeded real preset: 4B config, nothing materialised by load or by listing the split."""
+    loaded = PORT.load("real", None, layers=1)
+    vl = loaded.reference
+    assert loaded.config["num_hidden_layers"] == 1 and vl.cfg.vision.num_hidden_layers == 27
+    names = [s.name for s in PORT.module_specs(loaded)]
+    assert names[-2:] == ["llm_layer0", "lm_head"] and "merger" in names
+    assert not vl.is_materialized and not vl.source.reads
+    sizes = PORT.module_weight_bytes(loaded)
+    assert max(sizes, key=sizes.get) == "lm_head"
 
 
 def test_port_is_registered():

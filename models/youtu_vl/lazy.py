@@ -1,0 +1,164 @@
+"""Youtu-VL built one submodule at a time from a lazy weight source.
+
+Why: the real model is ~19.5 GB of float32 (40 MLA layers of 417 MB, a 283386 x 2560 tied
+table of 2.9 GB, a 1.6 GB vision tower) and does not fit next to its own ncnn copy in 24 GB.
+``LazyYoutuVL`` holds the config, a parameter-free skeleton of :class:`YoutuVL` (parameters on
+``meta``, RoPE buffers real) and a :class:`~ncnnport.lazy_weights.WeightSource`; ``part(path)``
+returns a copy of one submodule with only its own tensors read (a local checkpoint through
+``safe_open``, or the seeded ``real`` preset generated per tensor). The export wrappers ask for
+parts only, so export holds one layer at a time.
+
+The whole model (e2e parity, the torch bench, the run verb) is built on demand by ``full()`` or
+by any attribute this object does not have (``vl.llm``, ``vl.embed(...)``), so code written
+against :class:`YoutuVL` keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ncnnport.lazy_weights import (Init, SafetensorsSource, SeededSource, WeightSource, empty_module,
+                                   materialize, parameter_shapes)
+from ncnnport.models.youtu_vl.checkpoint import IGNORED_KEYS, TIED_KEY, CheckpointError
+from ncnnport.models.youtu_vl.config import YoutuVLConfig
+from ncnnport.models.youtu_vl.model import YoutuVL
+
+EMBED_KEY = "model.embed_tokens.weight"
+# Seeded real preset (measured on the real dims, LAYERS=4, one 448x448 fixture): Linear weights
+# N(0, 1/fan_in) keep every residual stream at rms 0.5-3 through the vision tower and the LLM;
+# embedding rows N(0, 0.5) give last-position logits with a std of ~20, so greedy steps have
+# clear top-2 margins instead of near-ties.
+REAL_SEED = 0
+REAL_LINEAR_GAIN = 1.0
+REAL_EMBED_STD = 0.5
+REAL_NORM_STD = 0.1
+
+
+def truncated_config(cfg: YoutuVLConfig, layers: int | None) -> YoutuVLConfig:
+    """Keep the first ``layers`` LLM decoder layers (None: unchanged). The vision tower stays
+    whole: its window/full-attention block pattern is part of what the port must get right."""
+    if layers is None:
+        return cfg
+    if layers < 1 or layers > cfg.text.num_hidden_layers:
+        raise ValueError(f"--layers {layers}: the youtu-vl LLM has {cfg.text.num_hidden_layers} layers")
+    return dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, num_hidden_layers=layers))
+
+
+def seeded_init_rule(skeleton: nn.Module) -> Callable[[str, tuple[int, ...]], Init]:
+    """mean/std per tensor, classified by the owning module's type."""
+    owners: dict[str, nn.Module] = {}
+    for mname, mod in skeleton.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owners[f"{mname}.{pname}" if mname else pname] = mod
+
+    def rule(name: str, shape: tuple[int, ...]) -> Init:
+        mod = owners[name]
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(mod, nn.Embedding):
+            return Init(0.0, REAL_EMBED_STD)
+        if isinstance(mod, (nn.Linear, nn.Conv2d)):
+            fan_in = 1
+            for d in mod.weight.shape[1:]:
+                fan_in *= int(d)
+            std = REAL_LINEAR_GAIN / float(fan_in) ** 0.5
+            return Init(0.0, std if leaf == "weight" else std / 4)
+        # LayerNorm / RMSNorm: weight 1 +- 10 %, bias small
+        return Init(1.0, REAL_NORM_STD) if leaf == "weight" else Init(0.0, 0.02)
+    return rule
+
+
+class LazyYoutuVL:
+    def __init__(self, cfg: YoutuVLConfig, source: WeightSource, *, strict_folder: Path | None = None) -> None:
+        self.cfg = cfg
+        self.source = source
+        self.skeleton = empty_module(lambda: YoutuVL(cfg))
+        self._strict_folder = strict_folder
+        self._full: YoutuVL | None = None
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """Every parameter must exist in the source with its shape: a missing tensor is an error
+        naming it, never a silent random init."""
+        names = set(self.source.names())
+        missing, bad = [], []
+        for name, shape in parameter_shapes(self.skeleton).items():
+            if name not in names:
+                missing.append(name)
+            elif tuple(self.source.shape(name)) != tuple(shape):
+                bad.append(f"{name}: source {tuple(self.source.shape(name))} vs config {tuple(shape)}")
+        if missing or bad:
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} missing tensor(s) {sorted(missing)[:8]}")
+            if bad:
+                parts.append("shape mismatch: " + "; ".join(bad[:8]))
+            raise CheckpointError(f"{self.source.describe()} does not match the youtu-vl config: "
+                                  + " | ".join(parts))
+
+    # --- one module at a time -------------------------------------------------------------------
+    def part(self, path: str) -> nn.Module:
+        """A copy of submodule ``path`` with its weights read from the source (eval mode). Once the
+        whole model exists (``full()``), its submodule is returned instead: wrappers built after
+        the reference share its weights rather than holding a second copy."""
+        if self._full is not None:
+            return self._full.part(path)
+        return materialize(self.skeleton.get_submodule(path), self.source, path).eval()
+
+    def part_bytes(self, path: str) -> int:
+        """float32 bytes of submodule ``path``'s parameters (nothing is read)."""
+        return self.source.nbytes(path)
+
+    # --- the whole model, on demand -------------------------------------------------------------
+    def full(self) -> YoutuVL:
+        if self._full is None:
+            if self._strict_folder is not None:
+                from ncnnport.models.youtu_vl.checkpoint import load_checkpoint
+                self._full, _ = load_checkpoint(self._strict_folder)
+            else:
+                vl = materialize(self.skeleton, self.source, "")
+                vl.tie_weights()
+                vl.eval()
+                vl.llm.eval()
+                self._full = vl
+        return self._full
+
+    @property
+    def is_materialized(self) -> bool:
+        return self._full is not None
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for attributes this object lacks: delegate to the whole model
+        if name.startswith("_") or name in ("cfg", "source", "skeleton"):
+            raise AttributeError(name)
+        return getattr(self.full(), name)
+
+
+def _aliases(cfg: YoutuVLConfig) -> dict[str, str]:
+    return {TIED_KEY: EMBED_KEY} if cfg.text.tie_word_embeddings else {}
+
+
+def seeded(cfg: YoutuVLConfig, seed: int = REAL_SEED) -> LazyYoutuVL:
+    """``cfg`` with seeded per-tensor weights (the ``real`` preset's recipe at any dims)."""
+    skeleton = empty_module(lambda: YoutuVL(cfg))
+    aliases = _aliases(cfg)
+    source = SeededSource(parameter_shapes(skeleton), seeded_init_rule(skeleton), seed=seed, aliases=aliases)
+    return LazyYoutuVL(cfg, source)
+
+
+def from_folder(folder: Path, cfg: YoutuVLConfig, *, truncated: bool) -> LazyYoutuVL:
+    """A local checkpoint folder read per module. Untruncated, unexpected tensors are errors and
+    the whole model comes from the strict loader; truncated to K layers, the later layers'
+    tensors are expected and never read."""
+    source = SafetensorsSource(folder, aliases=_aliases(cfg))
+    if not truncated:
+        expected = set(parameter_shapes(empty_module(lambda: YoutuVL(cfg))))
+        unexpected = sorted(set(source.names()) - expected - set(IGNORED_KEYS))
+        if unexpected:
+            raise CheckpointError(f"checkpoint {folder} does not match the youtu-vl config: "
+                                  f"{len(unexpected)} unexpected keys {unexpected[:8]}")
+    return LazyYoutuVL(cfg, source, strict_folder=None if truncated else Path(folder))

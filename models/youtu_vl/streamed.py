@@ -1,0 +1,203 @@
+"""Full-depth parity of a model too large for two copies in memory: one module of each side at a time.
+
+Why: the real Youtu-VL-4B is ~19.5 GB of float32; the torch reference and the ncnn package do
+not both fit in 24 GB, so the usual parity (whole reference model + every ncnn graph resident)
+cannot run at full depth. Here the reference is the real model's own modules (the vision tower,
+the merger, transformers' ``YoutuDecoderLayer`` one by one, the final norm and tied head), each
+materialised from the lazy weight source, used, and released; each ncnn graph is opened from the
+package, used, and released. Activations are handed along on both sides:
+
+* ``local``: each ncnn graph is fed exactly the torch side's input to that stage;
+* ``propagated``: the ncnn chain runs on its own outputs from the pixels on, compared stage by
+  stage with the torch chain.
+
+It is a prefill (teacher-forced) check on one image + prompt: vision, visual tokens, every LLM
+layer's hidden state, the last-position logits, and the next-token argmax at the last
+``rows`` prompt positions with the reference's top-2 margin. Free-running greedy decoding needs
+every layer once per token and is left to the in-memory parity (``--layers K``).
+Peak RSS is measured per phase (VmHWM reset before each).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ncnnport.contract import Tolerance
+from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss
+from ncnnport.parity.records import stage_record, token_record
+from ncnnport.runtime.lazy_modules import LazyModules
+
+ROWS = 16  # prompt positions whose next-token argmax is compared
+
+
+class OneAtATime:
+    """Mapping view of a :class:`LazyModules` that releases the previous graph when another one
+    is looked up: a pipeline walking graphs in order holds one at a time."""
+
+    def __init__(self, modules: LazyModules) -> None:
+        self.modules, self.current = modules, None
+
+    def __getitem__(self, name: str) -> Any:
+        if self.current is not None and self.current != name:
+            self.modules.release(self.current)
+        self.current = name
+        return self.modules[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.modules
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.modules.release(self.current)
+            self.current = None
+
+
+class PhaseMemory:
+    """Peak RSS per named phase (VmHWM reset at each start)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, float]] = {}
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        release_memory()
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        out = fn()
+        self.phases[name] = {"peak_rss_mb": mb(peak_rss_bytes()), "seconds": round(time.perf_counter() - t0, 2)}
+        return out
+
+
+def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Causal additive mask ``[1,1,S,S]``, transformers' own RoPE (cos, sin) and positions."""
+    positions = torch.arange(n)[None]
+    dummy = torch.zeros(1, n, vl.cfg.text.hidden_size)
+    cos_sin = vl.skeleton.model.rotary_emb(dummy, positions)  # buffers only: real on the skeleton
+    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    return mask, cos_sin, positions
+
+
+def _layer_graph_inputs(cfg: Any, n: int) -> list[np.ndarray]:
+    """cos, sin, mask and the masked dummy cache row of a prefill through ``llm_layer{i}``."""
+    from ncnnport.runtime import masks
+    from ncnnport.runtime.rope import cos_sin, inv_freq
+
+    t = cfg.text
+    cos, sin = cos_sin(np.arange(n), inv_freq(t.qk_rope_head_dim, t.rope_theta))
+    mask = masks.causal(n, 1)
+    mask[:, :, 0] = masks.MASKED
+    return [cos[None], sin[None], mask, np.zeros((1, 1, t.kv_lora_rank), np.float32),
+            np.zeros((1, 1, t.qk_rope_head_dim), np.float32)]
+
+
+@torch.inference_mode()
+def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
+                    tol_for: Callable[[str], Tolerance], layer_tol: Callable[[str], Tolerance],
+                    rows: int = ROWS) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Records (stage and token-agreement rows) and the per-phase memory/time of one fixture."""
+    from ncnnport.models.youtu_vl.pipeline import LM_HEAD, encode_image, layer_name
+    from ncnnport.models.youtu_vl.processor import process_image
+    from ncnnport.models.youtu_vl.prompt import encode_prompt, fuse
+    from ncnnport.models.youtu_vl.tied_embed import TiedEmbedding, read_head_table
+    from ncnnport.models.youtu_vl.wrappers import TOWER
+
+    cfg = vl.cfg
+    mem = PhaseMemory()
+    ncnn = LazyModules(package)
+    one = OneAtATime(ncnn)
+    image = process_image(fixture.image(), cfg.vision, cfg.processor)
+    ids = encode_prompt(tokenizer, fixture.prompt, image.num_tokens, cfg.system_prompt)
+    n = int(ids.size)
+    extra = {"grid": list(image.grid_hw), "visual_tokens": image.num_tokens, "prompt_tokens": n,
+             "streamed": True, "layers": cfg.text.num_hidden_layers}
+    fx = fixture.name
+    recs: list[dict[str, Any]] = []
+
+    # --- vision: whole torch tower (1.6 GB at real size) vs ncnn segments one at a time ---------
+    def torch_vision() -> tuple[np.ndarray, np.ndarray]:
+        tower = vl.part(TOWER)
+        feats = tower(torch.from_numpy(image.pixel_values), image.grid_hw).numpy()
+        del tower
+        merger = vl.part("merger")
+        return feats, merger(torch.from_numpy(feats)).numpy()
+
+    ref_vision, ref_merged = mem.run("vision_torch", torch_vision)
+    cand_vision, cand_merged = mem.run("vision_ncnn", lambda: encode_image(one, image, cfg))
+    one.close()
+    recs.append(stage_record(fx, "vision", ref_vision, cand_vision, tol_for("vision"), **extra))
+    recs.append(stage_record(fx, "visual_tokens", ref_merged, cand_merged, tol_for("visual_tokens"), **extra))
+
+    # --- embeddings: torch table rows vs the host lookup into lm_head.ncnn.bin -----------------
+    def torch_embeds() -> np.ndarray:
+        table = vl.part("model.embed_tokens")
+        return fuse(table(torch.from_numpy(ids)).numpy(), ids, ref_merged)
+
+    ref_h = mem.run("embed_torch", torch_embeds)
+    ncnn_dir = package / "ncnn"
+    lookup = TiedEmbedding(read_head_table(ncnn_dir / f"{LM_HEAD}.ncnn.param", ncnn_dir / f"{LM_HEAD}.ncnn.bin"),
+                           "lm_head.ncnn.bin")
+    (emb,) = lookup.run([ids.astype(np.int32)[None]])
+    cand_h = fuse(emb[0], ids, cand_merged)
+    recs.append(stage_record(fx, "text_embeds", ref_h, cand_h, tol_for("text_embeds"), **extra))
+
+    # --- LLM layers: transformers' decoder layer vs llm_layer{i}, local and propagated ----------
+    mask, cos_sin, positions = _hf_layer_inputs(vl, n)
+    graph_in = _layer_graph_inputs(cfg, n)
+    worst_local = worst_prop = None
+    for i in range(cfg.text.num_hidden_layers):
+        name = layer_name(i)
+
+        def step() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            layer = vl.part(f"model.layers.{i}")
+            out = layer(torch.from_numpy(ref_h)[None], attention_mask=mask, position_ids=positions,
+                        position_embeddings=cos_sin)
+            out = (out[0] if isinstance(out, tuple) else out)[0].numpy()
+            del layer
+            graph = one[name]
+            local = graph.run([ref_h[None], *graph_in])[0][0]
+            prop = graph.run([cand_h[None], *graph_in])[0][0]
+            return out, local, prop
+
+        out, local, prop = mem.run(name, step)
+        one.close()
+        rl = stage_record(fx, f"{name}/local", out, local, layer_tol(name), **extra)
+        rp = stage_record(fx, f"{name}/propagated", out, prop, tol_for("hidden"), **extra)
+        recs += [rl, rp]
+        worst_local = rl if worst_local is None or rl["cosine"] < worst_local["cosine"] else worst_local
+        worst_prop = rp if worst_prop is None or rp["cosine"] < worst_prop["cosine"] else worst_prop
+        ref_h, cand_h = out, prop
+
+    # --- head: last ``rows`` positions, torch first, released before ncnn opens its copy --------
+    last = min(rows, n)
+
+    def torch_head() -> np.ndarray:
+        norm, head = vl.part("model.norm"), vl.part("lm_head")
+        return head(norm(torch.from_numpy(ref_h[-last:]))).numpy()
+
+    ref_logits = mem.run("head_torch", torch_head)
+
+    def ncnn_head() -> tuple[np.ndarray, np.ndarray]:
+        graph = one[LM_HEAD]
+        prop_rows = [graph.run([np.ascontiguousarray(cand_h[None, j:j + 1])])[0].reshape(-1) for j in range(n - last, n)]
+        local_last = graph.run([np.ascontiguousarray(ref_h[None, -1:])])[0].reshape(-1)
+        return np.stack(prop_rows), local_last
+
+    cand_logits, local_last = mem.run("head_ncnn", ncnn_head)
+    one.close()
+    recs.append(stage_record(fx, f"{LM_HEAD}/local", ref_logits[-1:], local_last[None], layer_tol(LM_HEAD), **extra))
+    recs.append(stage_record(fx, "last_logits", ref_logits[-1:], cand_logits[-1:], tol_for("last_logits"), **extra))
+    # teacher-forced next-token argmax at the last prompt positions; a flip reports the reference's
+    # top-2 margin at that position
+    recs.append(token_record(fx, ref_logits.argmax(-1).tolist(), cand_logits.argmax(-1).tolist(),
+                             list(ref_logits), stage="next_token_argmax", min_tokens=last, **extra))
+    summary = {"phases": mem.phases,
+               "peak_rss_mb": max(p["peak_rss_mb"] for p in mem.phases.values()),
+               "worst_local_layer": worst_local and {"stage": worst_local["stage"], "cosine": worst_local["cosine"],
+                                                      "max_abs": worst_local["max_abs"]},
+               "worst_propagated_layer": worst_prop and {"stage": worst_prop["stage"], "cosine": worst_prop["cosine"],
+                                                          "max_abs": worst_prop["max_abs"]},
+               "ncnn_opens": ncnn.opens, "ncnn_peak_live": ncnn.peak_live}
+    return recs, summary
