@@ -230,13 +230,15 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
 
     t = prep.target
-    records = export_stage(prep, force=force)
     state = _state(t)
     pkg = t.package_dir if not fp16_weights else t.package_dir.with_name("package-fp16w")
     state_key = "converted" if not fp16_weights else "converted_fp16w"
+    # an up-to-date package needs no traces: they may have been deleted to free disk (20 GB at
+    # real Youtu-VL size), and re-exporting them only to skip the conversion would be waste
     if not force and state.get(state_key) == prep.build_key and not check_package(pkg):
         log(f"{t.model}: convert up to date ({pkg})")
         return pkg
+    records = export_stage(prep, force=force)
     tmp = pkg.with_name(pkg.name + ".partial")
     progress_file = tmp / ".progress.json"
     key = {"build_key": prep.build_key, "fp16_weights": fp16_weights}

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ncnnport.models.youtu_vl.fixtures import synthetic_image
-from ncnnport.models.youtu_vl.pipeline import EMBED, LM_HEAD, encode_image, layer_name
+from ncnnport.models.youtu_vl.pipeline import EMBED, encode_image, head_logits, head_shards, layer_name
 from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
@@ -85,14 +85,14 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
         return encode
     if stage == "decode":
         d = decode_inputs(vl, cache_length(size))
-        embed, head = with_tied_embedding(modules)[EMBED], modules[LM_HEAD]
+        embed = with_tied_embedding(modules)[EMBED]
         layers = [modules[layer_name(i)] for i in range(vl.cfg.text.num_hidden_layers)]
 
         def step() -> list[np.ndarray]:
             (h,) = embed.run([d["ids"]])
             for layer, (latent, krot) in zip(layers, d["cache"]):
                 h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
-            return head.run([h])
+            return [head_logits(modules, h, vl.cfg)]
         return step
     if stage == "layers":
         d = decode_inputs(vl, cache_length(size))
@@ -170,6 +170,6 @@ def stage_bytes(vl: Any, stage: str, size: str) -> dict[str, int] | None:
     sizes = module_weight_bytes(vl)
     weights = sum(sizes[layer_name(i)] for i in range(t.num_hidden_layers))
     if stage == "decode":
-        weights += sizes[LM_HEAD]
+        weights += sum(sizes[shard.name] for shard in head_shards(vl.cfg))
     kv = t.num_hidden_layers * (cache_length(size) + 1) * (t.kv_lora_rank + t.qk_rope_head_dim)
     return {"weights": weights, "kv_cache": 4 * kv}

@@ -26,10 +26,40 @@ from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 from ncnnport.runtime.sampling import greedy
 
 VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
+# A head table above this many float32 bytes is split into vocab-row shards ``lm_head_part{k}``.
+# Why: pnnx holds ~4x a module's weights (measured: 11.1 GB for the real 2.77 GB tied table),
+# so one 283386 x 2560 graph dominates the peak memory of the whole conversion; shards of <= 512
+# MiB keep pnnx near 2 GB and every host-side step (logits, tied rows) just concatenates.
+HEAD_SHARD_BYTES = 512 << 20
 
 
 def layer_name(i: int) -> str:
     return f"llm_layer{i}"
+
+
+@dataclass(frozen=True)
+class HeadShard:
+    name: str
+    start: int  # first vocab row
+    stop: int
+
+
+def head_shards(cfg: YoutuVLConfig, max_bytes: int | None = None) -> list[HeadShard]:
+    """The head graphs: one ``lm_head`` when the table is small, else equal vocab-row shards."""
+    max_bytes = HEAD_SHARD_BYTES if max_bytes is None else max_bytes
+    t = cfg.text
+    n = -(-4 * t.vocab_size * t.hidden_size // max_bytes)
+    if n <= 1:
+        return [HeadShard(LM_HEAD, 0, t.vocab_size)]
+    rows = -(-t.vocab_size // n)
+    return [HeadShard(f"{LM_HEAD}_part{k}", k * rows, min(t.vocab_size, (k + 1) * rows)) for k in range(n)]
+
+
+def head_logits(runners: Mapping[str, Any], hidden: np.ndarray, cfg: YoutuVLConfig) -> np.ndarray:
+    """``[1,1,H]`` -> ``[1,1,V]``: every head shard in vocab order, concatenated."""
+    hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+    parts = [runners[shard.name].run([hidden])[0] for shard in head_shards(cfg)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
 
 
 @dataclass(frozen=True)
@@ -74,7 +104,7 @@ def module_names(cfg: YoutuVLConfig, vision_mode: str = "segments") -> list[str]
     lm_head weights (``tied_embed``), so the package stores the ``[V,H]`` table once."""
     embed = [] if cfg.text.tie_word_embeddings else [EMBED]
     return [*vision_module_names(cfg, vision_mode), MERGER, *embed,
-            *(layer_name(i) for i in range(cfg.text.num_hidden_layers)), LM_HEAD]
+            *(layer_name(i) for i in range(cfg.text.num_hidden_layers)), *(h.name for h in head_shards(cfg))]
 
 
 # --- vision -------------------------------------------------------------------------------------
@@ -167,8 +197,7 @@ def forward_llm(runners: Mapping[str, Any], embeds: np.ndarray, cache: LatentCac
         h, cache.latent[i], cache.krot[i] = runners[layer_name(i)].run(
             [h, cos[None], sin[None], mask, cache.latent[i], cache.krot[i]])
     cache.seen += s
-    (logits,) = runners[LM_HEAD].run([np.ascontiguousarray(h[:, -1:])])
-    return logits.reshape(-1)
+    return head_logits(runners, h[:, -1:], cfg).reshape(-1)
 
 
 def embed_ids(runners: Mapping[str, Any], ids: np.ndarray) -> np.ndarray:

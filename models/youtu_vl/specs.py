@@ -28,8 +28,8 @@ import numpy as np
 from ncnnport.contract import ModuleSpec, TensorSpec
 from ncnnport.models.youtu_vl import wrappers
 from ncnnport.models.youtu_vl.model import YoutuVL
-from ncnnport.models.youtu_vl.pipeline import (EMBED, LM_HEAD, MERGER, VISION, VisionSegment,
-                                               layer_name, vision_segments)
+from ncnnport.models.youtu_vl.pipeline import (EMBED, MERGER, VISION, HeadShard, VisionSegment,
+                                               head_shards, layer_name, vision_segments)
 from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
 from ncnnport.runtime import masks
 from ncnnport.runtime.rope import cos_sin, inv_freq
@@ -156,14 +156,17 @@ def _layer_spec(vl: YoutuVL, i: int) -> ModuleSpec:
         notes="absorbed MLA, latent cache; past row 0 is a masked dummy (prefill uses past=1)")
 
 
-def _head_spec(vl: YoutuVL) -> ModuleSpec:
+def _head_spec(vl: YoutuVL, shard: HeadShard) -> ModuleSpec:
     t = vl.cfg.text
+    rows = shard.stop - shard.start
+    whole = rows == t.vocab_size
     return ModuleSpec(
-        name=LM_HEAD, build=lambda: wrappers.LmHeadGraph(vl).eval(),
+        name=shard.name, build=lambda: wrappers.LmHeadGraph(vl, (shard.start, shard.stop)).eval(),
         inputs=[TensorSpec("hidden", (1, 1, t.hidden_size))],
-        outputs=[TensorSpec("logits", (1, 1, t.vocab_size))],
+        outputs=[TensorSpec("logits", (1, 1, rows))],
         make_inputs=lambda s, rng: [rng.standard_normal((1, 1, t.hidden_size)).astype(np.float32)],
-        notes="final RMSNorm + tied lm_head, last row only")
+        notes="final RMSNorm + tied lm_head, last row only" if whole else
+              f"final RMSNorm + tied lm_head rows {shard.start}..{shard.stop - 1} (vocab shard)")
 
 
 def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]:
@@ -177,7 +180,8 @@ def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]
         raise ValueError(f"vision split mode {vision_mode!r}: use 'segments' or 'masked'")
     embed = [] if vl.cfg.text.tie_word_embeddings else [_embed_spec(vl)]  # tied: host row lookup
     return [*vision, _merger_spec(vl), *embed,
-            *(_layer_spec(vl, i) for i in range(vl.cfg.text.num_hidden_layers)), _head_spec(vl)]
+            *(_layer_spec(vl, i) for i in range(vl.cfg.text.num_hidden_layers)),
+            *(_head_spec(vl, shard) for shard in head_shards(vl.cfg))]
 
 
 
@@ -200,7 +204,6 @@ def module_paths(cfg, vision_mode: str = "segments") -> dict[str, list[str]]:
         out[EMBED] = ["model.embed_tokens"]
     for i in range(cfg.text.num_hidden_layers):
         out[layer_name(i)] = [f"model.layers.{i}"]
-    out[LM_HEAD] = ["model.norm", "lm_head"]
     return out
 
 
@@ -210,4 +213,8 @@ def module_weight_bytes(vl) -> dict[str, int]:
         if hasattr(vl, "part_bytes"):
             return vl.part_bytes(path)
         return sum(4 * p.numel() for p in vl.get_submodule(path).parameters())
-    return {name: sum(nbytes(p) for p in paths) for name, paths in module_paths(vl.cfg).items()}
+    sizes = {name: sum(nbytes(p) for p in paths) for name, paths in module_paths(vl.cfg).items()}
+    t = vl.cfg.text
+    for shard in head_shards(vl.cfg):  # the final norm + this shard's rows of the tied table
+        sizes[shard.name] = 4 * t.hidden_size * (1 + shard.stop - shard.start)
+    return sizes

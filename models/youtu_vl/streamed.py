@@ -98,10 +98,10 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
                     tol_for: Callable[[str], Tolerance], layer_tol: Callable[[str], Tolerance],
                     rows: int = ROWS) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Records (stage and token-agreement rows) and the per-phase memory/time of one fixture."""
-    from ncnnport.models.youtu_vl.pipeline import LM_HEAD, encode_image, layer_name
+    from ncnnport.models.youtu_vl.pipeline import LM_HEAD, encode_image, head_shards, layer_name
     from ncnnport.models.youtu_vl.processor import process_image
     from ncnnport.models.youtu_vl.prompt import encode_prompt, fuse
-    from ncnnport.models.youtu_vl.tied_embed import TiedEmbedding, read_head_table
+    from ncnnport.models.youtu_vl.tied_embed import RowShards, TiedEmbedding, read_head_table
     from ncnnport.models.youtu_vl.wrappers import TOWER
 
     cfg = vl.cfg
@@ -137,8 +137,9 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
 
     ref_h = mem.run("embed_torch", torch_embeds)
     ncnn_dir = package / "ncnn"
-    lookup = TiedEmbedding(read_head_table(ncnn_dir / f"{LM_HEAD}.ncnn.param", ncnn_dir / f"{LM_HEAD}.ncnn.bin"),
-                           "lm_head.ncnn.bin")
+    shards = head_shards(cfg)
+    lookup = TiedEmbedding(RowShards([read_head_table(ncnn_dir / f"{h.name}.ncnn.param", ncnn_dir / f"{h.name}.ncnn.bin")
+                                      for h in shards]), "head .ncnn.bin memmaps")
     (emb,) = lookup.run([ids.astype(np.int32)[None]])
     cand_h = fuse(emb[0], ids, cand_merged)
     recs.append(stage_record(fx, "text_embeds", ref_h, cand_h, tol_for("text_embeds"), **extra))
@@ -180,10 +181,13 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
     ref_logits = mem.run("head_torch", torch_head)
 
     def ncnn_head() -> tuple[np.ndarray, np.ndarray]:
-        graph = one[LM_HEAD]
-        prop_rows = [graph.run([np.ascontiguousarray(cand_h[None, j:j + 1])])[0].reshape(-1) for j in range(n - last, n)]
-        local_last = graph.run([np.ascontiguousarray(ref_h[None, -1:])])[0].reshape(-1)
-        return np.stack(prop_rows), local_last
+        prop, local = [], []
+        for shard in shards:  # one shard graph open at a time
+            graph = one[shard.name]
+            prop.append(np.stack([graph.run([np.ascontiguousarray(cand_h[None, j:j + 1])])[0].reshape(-1)
+                                  for j in range(n - last, n)]))
+            local.append(graph.run([np.ascontiguousarray(ref_h[None, -1:])])[0].reshape(-1))
+        return np.concatenate(prop, axis=-1), np.concatenate(local)
 
     cand_logits, local_last = mem.run("head_ncnn", ncnn_head)
     one.close()

@@ -73,6 +73,49 @@ def read_head_table(param: Path, weights: Path) -> np.ndarray:
     return np.memmap(weights, dtype=dtype, mode="r", offset=offset + 4, shape=(vocab, hidden))
 
 
+def _head_table(head: Any) -> tuple[Any, str]:
+    if hasattr(head, "param") and hasattr(head, "weights"):
+        return read_head_table(head.param, head.weights), str(head.weights)
+    module = getattr(head, "module", None)
+    weight = getattr(getattr(module, "lm_head", None), "weight", None)
+    if weight is None:
+        raise TypeError(f"cannot read a tied embedding from lm_head runner {type(head).__name__}")
+    return weight.detach().float().numpy(), "torch lm_head.weight"
+
+
+class RowShards:
+    """Row-sharded ``[V,H]`` table (the split head's memmaps) behind ``shape`` and row gathering."""
+
+    def __init__(self, tables: Sequence[Any]) -> None:
+        widths = {int(t.shape[1]) for t in tables}
+        if len(widths) != 1:
+            raise TiedEmbeddingError(f"head shards have different widths {sorted(widths)}")
+        self.tables = list(tables)
+        self.starts = np.cumsum([0] + [int(t.shape[0]) for t in tables])
+        self.shape = (int(self.starts[-1]), widths.pop())
+
+    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        out = np.empty((ids.size, self.shape[1]), np.float32)
+        which = np.searchsorted(self.starts, ids, side="right") - 1
+        for k in np.unique(which):
+            sel = which == k
+            out[sel] = self.tables[k][ids[sel] - self.starts[k]]
+        return out
+
+
+def head_names(runners: Mapping[str, Any]) -> list[str]:
+    """``["lm_head"]`` or the shards ``lm_head_part{k}`` in vocab order (found without opening)."""
+    if LM_HEAD_NAME in runners:
+        return [LM_HEAD_NAME]
+    prefix = LM_HEAD_NAME + "_part"
+    parts = sorted((n for n in runners if n.startswith(prefix) and n[len(prefix):].isdigit()),
+                   key=lambda n: int(n[len(prefix):]))
+    if not parts:
+        raise KeyError(f"no {LM_HEAD_NAME} graph (or {prefix}K shards) to read a tied embedding from")
+    return parts
+
+
 class TiedEmbedding:
     """Runner-shaped (``name``/``inputs``/``outputs``/``run``) host lookup ``ids [1,S] -> [1,S,H]``."""
 
@@ -86,13 +129,15 @@ class TiedEmbedding:
     @classmethod
     def from_head(cls, head: Any) -> "TiedEmbedding":
         """From an lm_head runner: an ``NcnnModule`` (its .bin) or a ``TorchModule`` (its weight)."""
-        if hasattr(head, "param") and hasattr(head, "weights"):
-            return cls(read_head_table(head.param, head.weights), str(head.weights))
-        module = getattr(head, "module", None)
-        weight = getattr(getattr(module, "lm_head", None), "weight", None)
-        if weight is None:
-            raise TypeError(f"cannot read a tied embedding from lm_head runner {type(head).__name__}")
-        return cls(weight.detach().float().numpy(), "torch lm_head.weight")
+        return cls(*_head_table(head))
+
+    @classmethod
+    def from_heads(cls, heads: Sequence[Any]) -> "TiedEmbedding":
+        """From the vocab shards of a split head, in vocab order."""
+        if len(heads) == 1:
+            return cls.from_head(heads[0])
+        tables = [_head_table(h) for h in heads]
+        return cls(RowShards([t for t, _ in tables]), f"{len(tables)} head shards ({tables[0][1]}, ...)")
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         (ids,) = arrays
@@ -110,4 +155,5 @@ def with_tied_embedding(runners: Mapping[str, Any]) -> Mapping[str, Any]:
     if EMBED_NAME in runners:
         return runners
     # an overlay, not a copy: a lazy mapping keeps opening graphs only when they are looked up
-    return ChainMap({EMBED_NAME: TiedEmbedding.from_head(runners[LM_HEAD_NAME])}, runners)
+    heads = [runners[n] for n in head_names(runners)]
+    return ChainMap({EMBED_NAME: TiedEmbedding.from_heads(heads)}, runners)

@@ -198,12 +198,22 @@ class DecoderLayerGraph(nn.Module):
 
 
 class LmHeadGraph(nn.Module):
-    """Final RMSNorm + tied lm_head on the last row only: ``[1,1,H] -> [1,1,V]``."""
+    """Final RMSNorm + tied lm_head on the last row only: ``[1,1,H] -> [1,1,V]``, or, with
+    ``rows=(a, b)``, the vocab shard ``[1,1,b-a]`` (its own copy of those rows only)."""
 
-    def __init__(self, vl: YoutuVL) -> None:
+    def __init__(self, vl: YoutuVL, rows: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.norm = vl.part("model.norm")
-        self.lm_head = vl.part("lm_head")
+        head = vl.part("lm_head")
+        if rows is not None and tuple(rows) != (0, head.out_features):
+            a, b = rows
+            shard = nn.Linear(head.in_features, b - a, bias=head.bias is not None)
+            with torch.no_grad():
+                shard.weight.copy_(head.weight[a:b])
+                if head.bias is not None:
+                    shard.bias.copy_(head.bias[a:b])
+            head = shard  # the whole table is released with the part
+        self.lm_head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))

@@ -42,7 +42,10 @@ def test_real_preset_builds_a_layer_without_the_rest():
     vl = lazy.seeded(lazy.truncated_config(preset_config("real"), 2))
     sizes = module_weight_bytes(vl)
     assert sizes["llm_layer0"] == 4 * 104_242_176            # one real MLA layer, 398 MiB
-    assert sizes["lm_head"] == 4 * (283386 * 2560 + 2560)     # tied table + final norm
+    heads = [n for n in sizes if n.startswith("lm_head_part")]
+    assert len(heads) == 6                                    # 2.77 GB table in <= 512 MiB shards
+    assert sum(sizes[n] for n in heads) == 4 * (283386 * 2560 + 6 * 2560)   # rows + a norm each
+    assert max(sizes[n] for n in heads) <= 512 << 20
     layer = vl.part("model.layers.1")
     assert sum(p.numel() for p in layer.parameters()) == 104_242_176
     assert all(n.startswith("model.layers.1.") for n in vl.source.reads)
@@ -140,3 +143,30 @@ def test_streamed_parity_passes_and_names_a_perturbed_layer(built, tmp_path):
     assert not by_stage["llm_layer1/local"]["passed"]
     assert not by_stage["llm_layer2/propagated"]["passed"]
     assert by_stage["llm_layer2/local"]["passed"]        # local rows isolate the broken graph
+
+
+@pytest.mark.slow
+def test_split_head_gives_the_same_logits_and_embedding_rows(tmp_path, monkeypatch):
+    """A head table over the shard limit becomes vocab-row shards: the pipeline's logits and the
+    tied embedding rows read from the shard .bin files equal the unsplit reference."""
+    from ncnnport.models.youtu_vl import pipeline
+    from ncnnport.models.youtu_vl.pipeline import LatentCache, forward_llm, head_shards
+    from ncnnport.models.youtu_vl.tied_embed import EMBED_NAME, with_tied_embedding
+    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    from ncnnport.targets import Target
+
+    monkeypatch.setattr(pipeline, "HEAD_SHARD_BYTES", 12 << 20)   # tiny table: 41 MB -> 4 shards
+    prep = prepare(Target("youtu-vl", "tiny", None, tmp_path))
+    vl = prep.loaded.reference
+    shards = head_shards(vl.cfg)
+    assert [s.name for s in shards] == [f"lm_head_part{k}" for k in range(4)]
+    assert shards[-1].stop == vl.cfg.text.vocab_size and [s.name for s in prep.specs][-4:] == [s.name for s in shards]
+    mods = open_ncnn_modules(convert_stage(prep))
+    ids = np.array([5, 100, 128000, 99999, 128265, 7])
+    rows = with_tied_embedding(mods)[EMBED_NAME].run([ids.astype(np.int32)[None]])[0][0]
+    np.testing.assert_array_equal(rows, vl.embed(ids))
+    logits = forward_llm(mods, rows, LatentCache.empty(vl.cfg), vl.cfg)
+    with torch.no_grad():
+        ref = vl.llm(inputs_embeds=torch.from_numpy(rows)[None]).logits[0, -1].numpy()
+    assert logits.shape == ref.shape
+    assert np.abs(logits - ref).max() < 1e-4 * np.abs(ref).max()
