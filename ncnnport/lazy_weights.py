@@ -96,6 +96,22 @@ class WeightSource(ABC):
         t = self._load(real)
         return t if t.dtype == torch.float32 else t.to(torch.float32)
 
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of a tensor (a vocab shard of a 2.8 GB table) without holding the
+        rest: sources that can read a slice override :meth:`_load_rows`."""
+        real = self.resolve(name)
+        if real not in set(self._names()):
+            raise WeightSourceError(f"{self.describe()}: no tensor {name!r}")
+        rows = self._shape(real)[0]
+        if not 0 <= start < stop <= rows:
+            raise WeightSourceError(f"{self.describe()}: rows {start}:{stop} of {name!r} outside 0:{rows}")
+        self.reads[real] = self.reads.get(real, 0) + 1
+        t = self._load_rows(real, start, stop)
+        return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+    def _load_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self._load(name)[start:stop].clone()
+
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Every tensor under ``prefix.`` keyed by its name relative to the prefix."""
         p = prefix + "." if prefix else ""
@@ -135,6 +151,9 @@ def tensor_seed(seed: int, name: str, shape: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
 
 
+ROW_BLOCK = 8192  # rows per seeded block of a large tensor (row-range reads cost only their blocks)
+
+
 class SeededSource(WeightSource):
     """Deterministic per-tensor values: ``rule(name, shape)`` gives mean/std, the generator is
     seeded from ``(seed, name, shape)`` only, so each tensor is independent of every other."""
@@ -153,12 +172,30 @@ class SeededSource(WeightSource):
         return self.shapes[name]
 
     def _load(self, name: str) -> torch.Tensor:
+        return self._load_rows(name, 0, self.shapes[name][0] if self.shapes[name] else 1)
+
+    def _load_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Tensors of more than ``ROW_BLOCK`` rows are generated in row blocks, each from its own
+        seed, so any row range costs only its blocks (a vocab shard never builds the table)."""
         shape = self.shapes[name]
         init = self.rule(name, shape)
+        if not shape:  # a scalar
+            start, stop = 0, 1
+        out_shape = (stop - start, *shape[1:]) if shape else ()
         if init.std == 0.0:
-            return torch.full(shape, float(init.mean), dtype=torch.float32)
-        gen = torch.Generator().manual_seed(tensor_seed(self.seed, name, shape))
-        t = torch.randn(shape, generator=gen, dtype=torch.float32)
+            return torch.full(out_shape, float(init.mean), dtype=torch.float32)
+        if not shape or shape[0] <= ROW_BLOCK:
+            gen = torch.Generator().manual_seed(tensor_seed(self.seed, name, shape))
+            t = torch.randn(shape, generator=gen, dtype=torch.float32)
+            t = t if (start, stop) == (0, shape[0] if shape else 1) else t[start:stop].clone()
+        else:
+            t = torch.empty(out_shape, dtype=torch.float32)
+            for block in range(start // ROW_BLOCK, (stop - 1) // ROW_BLOCK + 1):
+                a, b = block * ROW_BLOCK, min(shape[0], (block + 1) * ROW_BLOCK)
+                gen = torch.Generator().manual_seed(tensor_seed(self.seed, f"{name}#rows{block}", shape))
+                rows = torch.randn((b - a, *shape[1:]), generator=gen, dtype=torch.float32)
+                lo, hi = max(a, start), min(b, stop)
+                t[lo - start:hi - start] = rows[lo - a:hi - a]
         t.mul_(float(init.std))
         if init.mean:
             t.add_(float(init.mean))
@@ -240,6 +277,12 @@ class SafetensorsSource(WeightSource):
         # float32 stays a view of the mapped file (page cache, released with the tensor): a clone
         # would hold the file pages AND an anonymous copy, twice the module at the peak
         return t if t.dtype == torch.float32 else t.to(torch.float32)
+
+    def _load_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return f.get_slice(name)[start:stop]
 
     def describe(self) -> str:
         return f"checkpoint {self.folder}"

@@ -217,7 +217,14 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
             shutil.copyfile(src, target)
 
 
-def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = False) -> Path:
+# Above this many float32 weight bytes, convert traces one module at a time and deletes each trace
+# after converting it (the real Youtu-VL would otherwise keep 20 GB of TorchScript next to 20 GB
+# of ncnn weights); `ncnnport export` still writes every trace.
+STREAM_TRACES_ABOVE = 4 << 30
+
+
+def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = False,
+                  keep_traces: bool | None = None) -> Path:
     """Convert every exported module into ``package/`` (``package-fp16w/`` for pnnx fp16 weights,
     an opt-in precision mode measured by the option sweep).
 
@@ -226,6 +233,10 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     so an interrupted run converts only what is left. The package appears by one rename at the
     end. Peak RSS of this process (per module and stage) and of each pnnx child go into the
     receipts and ``manifest.json`` (``memory``).
+
+    ``keep_traces`` (default: only below ``STREAM_TRACES_ABOVE`` bytes of weights, or when the
+    traces are already up to date): False traces, converts and deletes each module's TorchScript
+    in turn, so disk holds the package plus one trace.
     """
     from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
 
@@ -238,7 +249,11 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     if not force and state.get(state_key) == prep.build_key and not check_package(pkg):
         log(f"{t.model}: convert up to date ({pkg})")
         return pkg
-    records = export_stage(prep, force=force)
+    sizes = _weight_bytes(prep)
+    if keep_traces is None:  # keep small models' traces; stream the ones that would cost GBs of disk
+        keep_traces = sum(sizes.values()) < STREAM_TRACES_ABOVE or (
+            not force and state.get("exported") == prep.build_key)
+    records = export_stage(prep, force=force) if keep_traces else None
     tmp = pkg.with_name(pkg.name + ".partial")
     progress_file = tmp / ".progress.json"
     key = {"build_key": prep.build_key, "fp16_weights": fp16_weights}
@@ -246,27 +261,42 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     done: dict[str, dict[str, Any]] = {
         n: r for n, r in resume.get("done", {}).items()
         if all((tmp / p).is_file() for p in (f"ncnn/{n}.ncnn.param", f"ncnn/{n}.ncnn.bin", f"specs/{n}.spec.json"))}
+    names = [s.name for s in prep.specs]
     if not done and tmp.exists():
         shutil.rmtree(tmp)
     elif done:
-        log(f"{t.model}: convert resumes: {len(done)}/{len(records)} modules already done")
+        log(f"{t.model}: convert resumes: {len(done)}/{len(names)} modules already done")
     (tmp / "ncnn").mkdir(parents=True, exist_ok=True)
     (tmp / "specs").mkdir(exist_ok=True)
-    sizes = _weight_bytes(prep)
-    progress = Progress(t.model, "convert", [r["name"] for r in records], sizes)
+    if not keep_traces:
+        log(f"{t.model}: streaming export+convert ({sum(sizes.values()) / 2**30:.1f} GiB of weights): each "
+            "module is traced, converted and its trace deleted before the next")
+    progress = Progress(t.model, "convert", names, sizes)
     t0 = time.perf_counter()
     release_memory()
     baseline = resume.get("baseline_rss_mb") or mb(rss_bytes())
-    for i, rec in enumerate(records, 1):
-        name = rec["name"]
+    for i, spec in enumerate(prep.specs, 1):
+        name = spec.name
         if name in done:
             progress.skip(name)
             continue
         m0 = time.perf_counter()
         reset_peak_rss()
+        export_peak = None
+        if records is not None:
+            rec = records[i - 1]
+        else:  # trace this module now; its export peak is measured on its own
+            t.torchscript_dir.mkdir(parents=True, exist_ok=True)
+            rec = export_module(spec, t.torchscript_dir)
+            export_peak = mb(peak_rss_bytes())
+            release_memory()
+            reset_peak_rss()
         receipt = convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
                                  fp16_weights=fp16_weights)
         write_json(tmp / "specs" / f"{name}.spec.json", rec)
+        if records is None:
+            (t.torchscript_dir / rec["torchscript"]).unlink(missing_ok=True)
+            receipt["export_peak_rss_mb"] = export_peak
         receipt["peak_rss_mb"] = mb(peak_rss_bytes())
         receipt["weight_bytes"] = sizes.get(name)
         done[name] = receipt
@@ -274,9 +304,14 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
         progress.finish(i, name, time.perf_counter() - m0,
                         f", peak RSS {receipt['peak_rss_mb']:.0f} MB (pnnx {receipt['pnnx_peak_rss_mb']:.0f} MB)")
     prep.timings["convert_s"] = time.perf_counter() - t0
-    receipts = [done[r["name"]] for r in records]
-    export_progress = _resume_state(t.torchscript_dir / "progress.json", prep.build_key)
+    receipts = [done[n] for n in names]
+    if records is not None:
+        export_progress = _resume_state(t.torchscript_dir / "progress.json", prep.build_key)
+    else:  # streamed: the export peaks were measured inside this loop
+        export_progress = {"done": {n: {"peak_rss_mb": r.get("export_peak_rss_mb")} for n, r in done.items()},
+                           "baseline_rss_mb": baseline}
     memory = {
+        "streamed_traces": records is None,
         "export": memory_receipt(export_progress.get("done", {}), sizes, export_progress.get("baseline_rss_mb")),
         "convert": memory_receipt(done, sizes, baseline),
         "pnnx": memory_receipt({n: {"peak_rss_mb": r.get("pnnx_peak_rss_mb")} for n, r in done.items()}, sizes),
@@ -291,7 +326,8 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     if pkg.exists():
         shutil.rmtree(pkg)
     tmp.rename(pkg)  # the package appears whole or not at all
-    write_json(t.state_file, {**_state(t), "exported": prep.build_key, state_key: prep.build_key})
+    exported = {"exported": prep.build_key} if records is not None else {}  # streamed: no traces kept
+    write_json(t.state_file, {**_state(t), **exported, state_key: prep.build_key})
     return pkg
 
 

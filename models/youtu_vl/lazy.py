@@ -109,6 +109,12 @@ class LazyYoutuVL:
             return self._full.part(path)
         return materialize(self.skeleton.get_submodule(path), self.source, path).eval()
 
+    def head_rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows of the (tied) lm_head weight, read without the rest of the table."""
+        if self._full is not None:
+            return self._full.head_rows(start, stop)
+        return self.source.get_rows(TIED_KEY, start, stop)
+
     def part_bytes(self, path: str) -> int:
         """float32 bytes of submodule ``path``'s parameters (nothing is read)."""
         return self.source.nbytes(path)

@@ -41,6 +41,10 @@ class YoutuVL(nn.Module):
         export wrappers ask for parts only, so they never need the whole model."""
         return self.get_submodule(path)
 
+    def head_rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the lm_head weight (``LazyYoutuVL`` reads only those rows)."""
+        return self.lm_head.weight[start:stop].detach()
+
     def tie_weights(self) -> None:
         if self.cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -204,15 +204,13 @@ class LmHeadGraph(nn.Module):
     def __init__(self, vl: YoutuVL, rows: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.norm = vl.part("model.norm")
-        head = vl.part("lm_head")
-        if rows is not None and tuple(rows) != (0, head.out_features):
+        if rows is None or tuple(rows) == (0, vl.cfg.text.vocab_size):
+            head = vl.part("lm_head")
+        else:  # only this shard's rows are read (the whole tied table is never built here)
             a, b = rows
-            shard = nn.Linear(head.in_features, b - a, bias=head.bias is not None)
+            head = nn.Linear(vl.cfg.text.hidden_size, b - a, bias=False)
             with torch.no_grad():
-                shard.weight.copy_(head.weight[a:b])
-                if head.bias is not None:
-                    shard.bias.copy_(head.bias[a:b])
-            head = shard  # the whole table is released with the part
+                head.weight.copy_(vl.head_rows(a, b))
         self.lm_head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -128,3 +128,24 @@ def test_empty_module_and_materialize_one_submodule():
     full = materialize(skeleton, src, "")
     assert torch.equal(full.a.weight, a.weight) and torch.equal(full.norm.weight, torch.ones(8))
     assert torch.equal(full.table, torch.arange(5.0))
+
+
+def test_row_ranges_read_only_their_rows(tmp_path):
+    """get_rows equals the slice of the whole tensor, across seeded row blocks and from a
+    safetensors slice, and refuses ranges outside the tensor."""
+    from safetensors.torch import save_file
+
+    from ncnnport.lazy_weights import ROW_BLOCK
+
+    big = {"emb.weight": (2 * ROW_BLOCK + 5, 3), "b.weight": (3, 8)}
+    src = SeededSource(big, rule, seed=1)
+    whole = src.get("emb.weight")
+    for a, b in ((0, 7), (ROW_BLOCK - 2, ROW_BLOCK + 3), (2 * ROW_BLOCK, 2 * ROW_BLOCK + 5), (5, 2 * ROW_BLOCK + 1)):
+        assert torch.equal(src.get_rows("emb.weight", a, b), whole[a:b]), (a, b)
+    assert torch.equal(src.get_rows("b.weight", 1, 3), src.get("b.weight")[1:3])   # one-block tensor
+    assert abs(float(whole.std()) - 0.5) < 0.02
+    with pytest.raises(WeightSourceError, match="rows 3:2"):
+        src.get_rows("b.weight", 3, 2)
+    save_file({"emb.weight": whole}, str(tmp_path / "model.safetensors"))
+    st = SafetensorsSource(tmp_path)
+    assert torch.equal(st.get_rows("emb.weight", ROW_BLOCK - 1, ROW_BLOCK + 2), whole[ROW_BLOCK - 1:ROW_BLOCK + 2])

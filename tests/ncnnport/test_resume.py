@@ -123,3 +123,24 @@ def test_layers_option_is_refused_by_a_port_without_support(monkeypatch, tmp_pat
         stages.prepare(Target("toy", "tiny", None, tmp_path, layers=2))
     args = build_parser().parse_args(["convert", "qwen3-asr", "--preset", "real", "--layers", "4"])
     assert args.layers == 4 and args.preset == "real"
+
+
+def test_streamed_convert_keeps_one_trace_at_a_time_and_resumes(tmp_path):
+    """keep_traces=False (the default above STREAM_TRACES_ABOVE): each module is traced, converted
+    and its trace deleted before the next; an interruption resumes with the unfinished module."""
+    from ncnnport.stages import convert_stage
+
+    builds: list[str] = []
+    prep = _prepared(tmp_path, builds, {"toy_c"})
+    with pytest.raises(Interrupted):
+        convert_stage(prep, keep_traces=False)
+    assert builds == ["toy_a", "toy_b", "toy_c"]
+    assert not list(prep.target.torchscript_dir.glob("*.pt"))        # converted traces are gone
+    pkg = convert_stage(prep, keep_traces=False)
+    assert builds == ["toy_a", "toy_b", "toy_c", "toy_c"]             # only the unfinished one again
+    assert not list(prep.target.torchscript_dir.glob("*.pt"))
+    manifest = read_json(pkg / "manifest.json")
+    assert manifest["memory"]["streamed_traces"] is True
+    assert manifest["memory"]["export"]["peak_rss_mb"] > 0
+    assert sorted(p.name for p in (pkg / "ncnn").glob("*.param")) == [f"toy_{c}.ncnn.param" for c in "abc"]
+    assert convert_stage(prep) == pkg and len(builds) == 4             # up to date: nothing traced
