@@ -208,9 +208,9 @@ class LmHeadGraph(nn.Module):
             head = vl.part("lm_head")
         else:  # only this shard's rows are read (the whole tied table is never built here)
             a, b = rows
-            head = nn.Linear(vl.cfg.text.hidden_size, b - a, bias=False)
-            with torch.no_grad():
-                head.weight.copy_(vl.head_rows(a, b))
+            head = nn.Linear(vl.cfg.text.hidden_size, b - a, bias=False, device="meta")
+            # the rows themselves (a view of the reference's table once it is built): no copy, no init
+            head.weight = nn.Parameter(vl.head_rows(a, b), requires_grad=False)
         self.lm_head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
