@@ -31,9 +31,9 @@ export: $(STAMP)
 convert parity report check bench: $(STAMP)
 	$(BIN)/ncnnport $@ $(MODEL_OPTS) $(ARGS)
 
-# Speed at real layer dims: ncnn vs PyTorch eager per generated token at positions ~100 and ~1000,
-# same thread count, against the memory-bandwidth bound measured in the same run.
-bench-perf: MODEL = qwen3-asr
+# Speed at real layer dims (every model unless MODEL=...): ncnn vs PyTorch eager on the same work
+# and thread count (decode per token at positions ~100 and ~1000, Youtu-VL vision 448/1024, SeedVR2
+# DiT block and VAE 256/512), against the memory-bandwidth bound measured in the same run.
 bench-perf: PRESET = real
 bench-perf: LAYERS = 4
 bench-perf: $(STAMP)

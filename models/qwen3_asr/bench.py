@@ -3,7 +3,15 @@
 Each factory returns a zero-argument callable with fixed inputs, so repeated calls must return
 bit-identical outputs; the torch factories time transformers' own eager modules on the same
 work for the speed ratio. ``token`` is one whole generated token: embed + every decode layer +
-final norm + the tied head (the head's 151936 x 1024 table dominates at real size).
+final norm + the tied head (the head's 151936 x 1024 table dominates at real size); ``decode``
+is the decode layers alone. Both run the pipeline's own decode path
+(:meth:`~.pipeline.Qwen3ASRPipeline.decode_step` over a preallocated cache holding P positions,
+the new rows discarded after each call), so the bench measures what ``generate`` runs.
+
+``*_fp16`` stages are the same work with fp16 InnerProduct weights (ncnn ``use_fp16_storage``
+on the decode layers and the head; on x86 that option changes InnerProduct weights only,
+activations stay fp32). Their factory prints the logits' / hidden state's deviation from the
+fp32 graphs on the same inputs against the policy's ``fp16`` budget.
 """
 
 from __future__ import annotations
@@ -15,16 +23,59 @@ import numpy as np
 from ncnnport.models.qwen3_asr import specs
 from ncnnport.models.qwen3_asr.features import extract_features
 from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
-from ncnnport.runtime import masks, rope
 
 STAGES: dict[str, list[str]] = {"audio_encoder": ["2", "10"], "decode": ["16", "512"], "token": ["100", "1000"]}
 # The speed table of `make bench-perf`: a whole token (embed row + every decode layer + final
-# norm + tied head) and the decode layers alone, at positions ~100 and ~1000.
-PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"]}
+# norm + tied head) and the decode layers alone, at positions ~100 and ~1000, in fp32 and with
+# fp16 InnerProduct weights.
+PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"],
+                                     "token_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"]}
+FP16_SUFFIX = "_fp16"
+TOKEN_ID = 11
 
 
 def _seconds(size: str) -> float:
     return float(size.rstrip("s"))
+
+
+def _fp16_modules(modules: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    """``modules`` with ``names`` reopened from the same files under ``use_fp16_storage``."""
+    from ncnnport.fsutil import read_json
+    from ncnnport.runtime.session import NcnnModule
+
+    out = dict(modules)
+    for n in names:
+        m = modules[n]
+        spec = read_json(m.param.parent.parent / "specs" / f"{n}.spec.json")
+        out[n] = NcnnModule(m.param, m.weights, spec, m.options.with_(fp16_storage=True))
+    return out
+
+
+def filled_cache(pipe: Any, past: int, seed: int = 0):
+    """A cache of capacity ``past + 1`` holding ``past`` random positions in every layer."""
+    d = pipe.d
+    rng = np.random.default_rng(seed)
+    cache = pipe.new_cache(past + 1)
+    for i in range(d["layers"]):
+        k, v = (rng.standard_normal((1, d["kv_heads"], past, d["head_dim"])).astype(np.float32) for _ in range(2))
+        cache.write(i, k, v)
+    cache.commit(past)
+    return cache
+
+
+def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
+    from ncnnport.models.qwen3_asr.port import PORT
+    from ncnnport.parity.metrics import compare
+    from ncnnport.parity.policy import Policy
+
+    tol = Policy.load(PORT.policy_path).default("fp16")
+    st = compare(ref, got)
+    rel = st.max_abs / max(st.ref_absmax, 1e-30)
+    ok = st.cosine >= tol.min_cosine and st.max_abs <= tol.max_abs_allowed(st.ref_absmax)
+    top = "" if got.size < 1000 else f", top-1 {'same' if int(got.argmax()) == int(ref.argmax()) else 'DIFFERS'}"
+    print(f"[qwen3-asr] {stage}@{size} vs fp32 graphs: cosine {st.cosine:.7f}, max_abs {st.max_abs:.2e} "
+          f"(rel {rel:.2e}){top}; fp16 budget cosine >= {tol.min_cosine}, max_abs_rel <= {tol.max_abs_rel}: "
+          f"{'within' if ok else 'OUTSIDE'}", flush=True)
 
 
 def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> Callable[[], list[np.ndarray]]:
@@ -34,55 +85,69 @@ def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> 
         pipe = make_pipeline(modules, model)
         feats = extract_features(synth_speechlike(_seconds(size), seed=5))
         return lambda: [pipe.encode(feats.features, feats.mask)["audio_embeds"]]
-    if stage == "decode":
-        inputs = decode_inputs(model, int(size))
-        layers = [modules[n] for n in specs.layer_names(specs.dims(model))["decode"]]
+    base = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
+    if base not in ("decode", "token"):
+        raise ValueError(f"qwen3-asr: no bench stage {stage!r}")
+    d = specs.dims(model)
+    past = int(size)
+    fp32_pipe = make_pipeline(modules, model)
+    pipe = fp32_pipe
+    if base != stage:
+        pipe = make_pipeline(_fp16_modules(modules, [*specs.layer_names(d)["decode"], "lm_head"]), model)
+    cache = filled_cache(pipe, past)
+    h = np.random.default_rng(1).standard_normal((1, d["hidden"])).astype(np.float32)
 
-        def step() -> list[np.ndarray]:
-            h = inputs[0]
-            for i, layer in enumerate(layers):
-                h = layer.run([h, *inputs[1:4], inputs[4 + 2 * i], inputs[5 + 2 * i]])[0]
-            return [h]
-        return step
-    if stage == "token":
-        past = int(size)
-        inputs = decode_inputs(model, past)
-        d = specs.dims(model)
-        layers = [modules[n] for n in specs.layer_names(d)["decode"]]
-        ids = np.array([[11]], dtype=np.int32)
+    if base == "decode":
+        def call() -> list[np.ndarray]:
+            return [pipe.decode_step(h, cache, commit=False)]
 
-        def token() -> list[np.ndarray]:
-            (h,) = modules["embed"].run([ids])
-            for i, layer in enumerate(layers):
-                h = layer.run([h, *inputs[1:4], inputs[4 + 2 * i], inputs[5 + 2 * i]])[0]
-            (logits,) = modules["lm_head"].run([np.ascontiguousarray(h.reshape(1, 1, -1))])
-            return [logits]
-        return token
-    raise ValueError(f"qwen3-asr: no bench stage {stage!r}")
+        def ref() -> np.ndarray:
+            return fp32_pipe.decode_step(h, cache, commit=False)
+    else:
+        def call() -> list[np.ndarray]:
+            return [pipe._logits(pipe.decode_step(pipe.embed_token(TOKEN_ID), cache, commit=False))]
+
+        def ref() -> np.ndarray:
+            return fp32_pipe._logits(fp32_pipe.decode_step(fp32_pipe.embed_token(TOKEN_ID), cache, commit=False))
+    if base != stage:
+        _fidelity(stage, size, call()[0], ref())
+    return call
+
+
+def _bytes(module: Any, linear_bytes: int) -> int:
+    """Parameter bytes of ``module`` (meta tensors are fine) with Linear weights at
+    ``linear_bytes`` per element and everything else float32."""
+    from torch import nn
+
+    total = 0
+    for m in module.modules():
+        for name, p in m.named_parameters(recurse=False):
+            total += p.numel() * (linear_bytes if isinstance(m, nn.Linear) and name == "weight" else 4)
+    return total
 
 
 def stage_bytes(model: Any, stage: str, size: str) -> dict[str, int] | None:
-    """Bytes one call must read at least: weights of the graphs it runs, and the K/V cache."""
+    """Bytes one call must read at least: weights of the graphs it runs, and the K/V cache.
+
+    ``*_fp16`` stages count Linear weights (ncnn InnerProduct) at 2 bytes, the rest at 4."""
     d = specs.dims(model)
-    w = specs.module_weight_bytes(model)
-    if stage not in ("decode", "token"):
+    base = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
+    if base not in ("decode", "token"):
         return None
-    weights = sum(w[n] for n in specs.layer_names(d)["decode"])
-    if stage == "token":
-        weights += w["lm_head"] + 4 * d["hidden"]  # the head table + one embedding row
+    width = 2 if base != stage else 4
+    text = "model.language_model"
+    sk = model.skeleton
+    weights = sum(_bytes(sk.get_submodule(f"{text}.layers.{i}"), width) for i in range(d["layers"]))
+    if base == "token":  # the head table + final norm + one embedding row (ncnn Embed reads fp32)
+        weights += _bytes(sk.get_submodule(f"{text}.norm"), width) + _bytes(sk.get_submodule("lm_head"), width)
+        weights += 4 * d["hidden"]
     kv = 2 * d["layers"] * d["kv_heads"] * int(size) * d["head_dim"] * 4
     return {"weights": weights, "kv_cache": kv}
 
 
 def decode_inputs(model: Any, past: int, seed: int = 0) -> list[np.ndarray]:
-    """Decode-graph inputs at cache length ``past`` (random cache, real RoPE and mask)."""
-    d = specs.dims(model)
-    rng = np.random.default_rng(seed)
-    cos, sin = rope.cos_sin(np.array([past]), rope.inv_freq(d["head_dim"], d["rope_theta"]))
-    kv = [rng.standard_normal((1, d["kv_heads"], past, d["head_dim"])).astype(np.float32)
-          for _ in range(2 * d["layers"])]
-    emb = rng.standard_normal((1, 1, d["hidden"])).astype(np.float32)
-    return [emb, cos[None], sin[None], masks.causal(1, past), *kv]
+    """One ``decode_layer{i}``'s inputs at cache length ``past`` (random cache, real RoPE)."""
+    return specs.decode_layer_inputs(specs.dims(model), past, np.random.default_rng(seed))
 
 
 def torch_decode_call(model: Any, past: int) -> Callable[[], list[np.ndarray]]:

@@ -4,6 +4,13 @@ Host work: mel chunking and cropping, attention windows, audio-embedding fusion 
 placeholder positions, RoPE tables, masks, the KV cache and greedy selection. Graph work: the
 modules of ``specs.module_specs`` (one graph per layer). Nothing here knows which backend runs
 the modules.
+
+KV cache: one :class:`~ncnnport.runtime.preallocated_cache.PreallocatedKVCache` per generation,
+sized for the prompt plus every new token. Prefill writes each layer's K/V; each decode step
+reads the past as views of it and writes only the new token's rows, so a step costs the same
+at position 1000 as at 100 apart from attention itself. Decode runners that are plain ncnn
+modules are wrapped in :class:`~ncnnport.runtime.zero_copy.ZeroCopyRunner`, which hands those
+views to ncnn without a copy (any other runner gets them as ordinary arrays).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import numpy as np
 
 from ncnnport.models.qwen3_asr.specs import layer_names
 from ncnnport.runtime import masks, rope, sampling
-from ncnnport.runtime.kv_cache import KVCache
+from ncnnport.runtime.preallocated_cache import PreallocatedKVCache
+from ncnnport.runtime.zero_copy import zero_copy
 
 
 def post_conv_length(frames: int) -> int:
@@ -46,6 +54,7 @@ class Qwen3ASRPipeline:
         if missing:
             raise KeyError(f"qwen3-asr pipeline: modules missing: {sorted(missing)}")
         self.m = modules
+        self.decoders = [zero_copy(modules[n]) for n in self.names["decode"]]
         self.audio_token_id = int(audio_token_id)
         self.eos_ids = {int(e) for e in eos_ids}
         self.window_chunks = n_window_infer // self.d["chunk_frames"]
@@ -86,17 +95,6 @@ class Qwen3ASRPipeline:
             outs.append(emb[0])
         return {"conv": conv, "audio_embeds": np.concatenate(outs, axis=0)}
 
-    def _layers(self, kind: str, h: np.ndarray, cos: np.ndarray, sin: np.ndarray, mask: np.ndarray,
-                cache: KVCache, added: int) -> np.ndarray:
-        past = cache.tensors if cache.tensors else None
-        new = []
-        for i, name in enumerate(self.names[kind]):
-            extra = [past[2 * i], past[2 * i + 1]] if past is not None else []
-            h, k, v = self.m[name].run([h, cos, sin, mask, *extra])
-            new += [k, v]
-        cache.set(new, added)
-        return h
-
     # --- text --------------------------------------------------------------------------------
     def embed_prompt(self, ids: np.ndarray, audio_embeds: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int32).reshape(1, -1)
@@ -114,8 +112,47 @@ class Qwen3ASRPipeline:
         return cos[None], sin[None]
 
     def _logits(self, hidden_last: np.ndarray) -> np.ndarray:
-        (logits,) = self.m["lm_head"].run([np.ascontiguousarray(hidden_last.reshape(1, 1, -1))])
+        (logits,) = self.m["lm_head"].run([np.ascontiguousarray(hidden_last, dtype=np.float32).reshape(1, -1)])
         return logits.reshape(-1)
+
+    def new_cache(self, capacity: int) -> PreallocatedKVCache:
+        return PreallocatedKVCache(self.d["layers"], self.d["kv_heads"], self.d["head_dim"], capacity,
+                                   owner="qwen3-asr decoder")
+
+    def prefill(self, emb: np.ndarray, cache: PreallocatedKVCache) -> np.ndarray:
+        """Prompt embeddings ``[1,S,H]`` through every prefill layer into an empty ``cache``;
+        returns the last row's hidden state ``[1,H]``."""
+        if cache.length:
+            raise ValueError(f"qwen3-asr prefill: cache already holds {cache.length} positions")
+        s = emb.shape[1]
+        cos, sin = self._tables(0, s)
+        mask = masks.causal(s)
+        h = emb
+        for i, name in enumerate(self.names["prefill"]):
+            h, k, v = self.m[name].run([h, cos, sin, mask])
+            cache.write(i, k, v)
+        cache.commit(s)
+        return np.ascontiguousarray(h[:, -1])
+
+    def decode_step(self, h: np.ndarray, cache: PreallocatedKVCache, commit: bool = True) -> np.ndarray:
+        """One token's hidden state ``[1,H]`` at position ``cache.length`` through every decode
+        layer; each layer's new K/V row goes into ``cache`` (``commit=False``: discarded, so a
+        benchmark can repeat one position)."""
+        pos = cache.length
+        cos, sin = self._tables(pos, 1)
+        for i, layer in enumerate(self.decoders):
+            past_k, past_v = cache.past(i)
+            h, k, v = layer.run([h, cos, sin, past_k, past_v])
+            cache.write(i, k, v)
+        if commit:
+            cache.commit(1)
+        else:
+            cache.discard()
+        return h
+
+    def embed_token(self, token: int) -> np.ndarray:
+        (emb,) = self.m["embed"].run([np.array([[token]], dtype=np.int32)])
+        return emb.reshape(1, -1)
 
     def generate(self, ids: np.ndarray, audio_embeds: np.ndarray, max_new_tokens: int,
                  keep_logits: bool = False, on_token: Callable[[int], None] | None = None,
@@ -128,10 +165,8 @@ class Qwen3ASRPipeline:
         if s + max_new_tokens > self.d["max_positions"]:
             raise ValueError(f"prompt of {s} tokens + {max_new_tokens} new tokens exceeds the model's "
                              f"max positions ({self.d['max_positions']})")
-        cache = KVCache(2 * self.d["layers"], owner="qwen3-asr decoder")
-        cos, sin = self._tables(0, s)
-        hidden = self._layers("prefill", emb, cos, sin, masks.causal(s), cache, s)
-        logits = self._logits(hidden[0, -1])
+        cache = self.new_cache(s + max(max_new_tokens, 1))
+        logits = self._logits(self.prefill(emb, cache))
         gen = Generation(tokens=[], prefill_logits=logits.copy())
         for step in range(max_new_tokens):
             if keep_logits:
@@ -150,9 +185,5 @@ class Qwen3ASRPipeline:
                 break
             if step == max_new_tokens - 1:
                 break
-            (tok_emb,) = self.m["embed"].run([np.array([[token]], dtype=np.int32)])
-            pos = cache.length
-            cos, sin = self._tables(pos, 1)
-            hidden = self._layers("decode", tok_emb, cos, sin, masks.causal(1, pos), cache, 1)
-            logits = self._logits(hidden[0, -1])
+            logits = self._logits(self.decode_step(self.embed_token(token), cache))
         return gen

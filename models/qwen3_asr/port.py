@@ -162,7 +162,9 @@ class Qwen3ASRPort(ModelPort):
         return ncnn_call(loaded.reference, modules, stage, size)
 
     def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str):
-        from ncnnport.models.qwen3_asr.bench import torch_decode_call, torch_token_call
+        """transformers eager in float32 (also for the ``*_fp16`` stages: the ratio is vs torch fp32)."""
+        from ncnnport.models.qwen3_asr.bench import FP16_SUFFIX, torch_decode_call, torch_token_call
+        stage = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
         if stage == "decode":
             return torch_decode_call(loaded.reference, int(size))
         if stage == "token":

@@ -53,6 +53,7 @@ def _prefill_inputs(d: Mapping[str, int]):
 
 
 def _decode_inputs(d: Mapping[str, int], layers: int = 1):
+    """Inputs of the public ports' static decode graph (3-D hidden, mask, K/V of every layer)."""
     def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
         p = sizes["past"]
         cos, sin = _rope_inputs(d, p, 1)
@@ -61,6 +62,15 @@ def _decode_inputs(d: Mapping[str, int], layers: int = 1):
                 for _ in range(2 * layers)]
         return [h, cos, sin, masks.causal(1, p), *past]
     return make
+
+
+def decode_layer_inputs(d: Mapping[str, int], past: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Inputs of one ``decode_layer{i}`` at cache length ``past``: ``h [1,H]``, RoPE of position
+    ``past`` ``[1,1,hd]``, random past K/V ``[1,kv,past,hd]``."""
+    cos, sin = _rope_inputs(d, past, 1)
+    h = rng.standard_normal((1, d["hidden"])).astype(np.float32)
+    kv = [rng.standard_normal((1, d["kv_heads"], past, d["head_dim"])).astype(np.float32) for _ in range(2)]
+    return [h, cos, sin, *kv]
 
 
 def _ids_inputs(d: Mapping[str, int]):
@@ -132,17 +142,18 @@ def module_specs(model) -> list[ModuleSpec]:
     for i, name in enumerate(names["decode"]):
         out.append(ModuleSpec(
             name, build=lambda i=i: wrappers.TextDecodeLayer(model.part(f"{text}.layers.{i}"), text_cfg).eval(),
-            inputs=[TensorSpec("h", (1, 1, H)), TensorSpec("cos", (1, 1, hd)), TensorSpec("sin", (1, 1, hd)),
-                    TensorSpec("mask", (1, 1, "past+1")), TensorSpec("past_k", (1, kv, "past", hd)),
-                    TensorSpec("past_v", (1, kv, "past", hd))],
-            outputs=[TensorSpec("h_out", (1, 1, H)), TensorSpec("k", (1, kv, "past+1", hd)),
-                     TensorSpec("v", (1, kv, "past+1", hd))],
-            axes={"past": DECODE_TRACE}, make_inputs=_decode_inputs(d),
-            parity_sizes=[{"past": 1}, {"past": 77}]))
+            inputs=[TensorSpec("h", (1, H)), TensorSpec("cos", (1, 1, hd)), TensorSpec("sin", (1, 1, hd)),
+                    TensorSpec("past_k", (1, kv, "past", hd)), TensorSpec("past_v", (1, kv, "past", hd))],
+            outputs=[TensorSpec("h_out", (1, H)), TensorSpec("k", (1, kv, 1, hd)), TensorSpec("v", (1, kv, 1, hd))],
+            axes={"past": DECODE_TRACE},
+            make_inputs=lambda sizes, rng: decode_layer_inputs(d, sizes["past"], rng),
+            parity_sizes=[{"past": 1}, {"past": 77}],
+            notes="one token over the host's preallocated cache: past read in place, only the new "
+                  "K/V rows returned; 2-D hidden -> InnerProduct"))
     out.append(ModuleSpec(
         "lm_head", build=lambda: wrappers.LmHead(model.part(f"{text}.norm"), model.part("lm_head")).eval(),
-        inputs=[TensorSpec("h", (1, 1, H))], outputs=[TensorSpec("logits", (1, 1, d["vocab"]))],
-        notes="final RMSNorm + tied head on the last row only"))
+        inputs=[TensorSpec("h", (1, H))], outputs=[TensorSpec("logits", (1, d["vocab"]))],
+        notes="final RMSNorm + tied head on the last row only (2-D -> InnerProduct)"))
     return out
 
 

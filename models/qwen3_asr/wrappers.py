@@ -7,10 +7,16 @@ shape-dependent splitting (done on the host), HF ``repeat_kv`` (replaced by SDPA
 Split (why): the audio conv runs on fixed 100-frame mel chunks exactly as HF chunks them, so the
 graph is static and the host crops the partial last chunk; each audio layer runs once per
 attention window (HF's attention is block-diagonal over windows, so per-window calls need no
-mask); the text decoder is one prefill graph and one decode graph PER LAYER (K/V in and out,
-``torch.cat`` inside -> ncnn Concat); final norm + lm_head project only the last row. One graph
-per layer keeps export memory bounded by one layer, lets parity name the first diverging layer,
-and lets the runtime stream layers in and out of memory.
+mask); the text decoder is one prefill graph and one decode graph PER LAYER; final norm +
+lm_head project only the last row. One graph per layer keeps export memory bounded by one layer,
+lets parity name the first diverging layer, and lets the runtime stream layers in and out of
+memory.
+
+Decode never copies the past: the graph reads the host's preallocated cache (past K/V inputs,
+views passed to ncnn without a copy) and returns only the new token's K/V rows, which the host
+writes in place (``runtime/preallocated_cache.py``). Its hidden state is 2-D ``[1, H]`` so pnnx
+emits InnerProduct (ncnn's x86 Gemm has no fp16-weight path; InnerProduct keeps fp16 weights
+under ``use_fp16_storage``); so is the head's.
 """
 
 from __future__ import annotations
@@ -116,8 +122,7 @@ class _DecoderStack(nn.Module):
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.scale = attn.head_dim, attn.scaling
 
-    def layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-              past_k: torch.Tensor | None = None, past_v: torch.Tensor | None = None):
+    def layer(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor):
         layer = self.layers[i]
         attn = layer.self_attn
         x = layer.input_layernorm(h)
@@ -127,9 +132,6 @@ class _DecoderStack(nn.Module):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
-        if past_k is not None:
-            k = torch.cat((past_k, k), dim=2)
-            v = torch.cat((past_v, v), dim=2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), scale=self.scale,
                                            enable_gqa=True)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(1, -1, self.n_heads * self.head_dim))
@@ -148,11 +150,46 @@ class TextPrefillLayer(_DecoderStack):
         return self.layer(0, h, cos, sin, mask)
 
 
-class TextDecodeLayer(TextPrefillLayer):
-    """One decoder layer for one token with its explicit past K/V (``torch.cat`` -> ncnn Concat)."""
+class TextDecodeLayer(_DecoderStack):
+    """One decoder layer for one token over the host's cache: ``(h [1,H], cos/sin [1,1,hd],
+    past_k/past_v [1,kv,P,hd])`` -> ``(h [1,H], k/v [1,kv,1,hd])``, the new token's rows only.
 
-    def forward(self, h, cos, sin, mask, past_k, past_v):
-        return self.layer(0, h, cos, sin, mask, past_k, past_v)
+    The past is read, never concatenated (no ncnn Concat copying the cache each step). The
+    ``g = heads/kv`` query heads that share a kv head are the rows of one ``[g, hd]`` query
+    (``q.view(kv, g, hd)``; HF maps kv head j to heads ``j*g .. j*g+g-1``), so K/V are read once
+    per kv head and never repeated. Attention over past + new token without joining K/V: scores
+    over the past by MatMul, the new token's score elementwise, and the softmax written out
+    (shared max, exp, one denominator). Concatenating the scores and slicing the probabilities
+    back (``a[..., :-1]``) is the obvious form, but pnnx 20261020 drops that slice before the
+    MatMul (wrong numbers, no error); this form has no slice. No mask: decode sees every past
+    position.
+    """
+
+    def __init__(self, layer: nn.Module, config) -> None:
+        super().__init__([layer], config)
+        self.groups = self.n_heads // self.n_kv
+
+    def forward(self, h, cos, sin, past_k, past_v):
+        layer = self.layers[0]
+        attn = layer.self_attn
+        hd = self.head_dim
+        x = layer.input_layernorm(h)
+        q = attn.q_norm(attn.q_proj(x).view(1, self.n_heads, 1, hd))
+        k = attn.k_norm(attn.k_proj(x).view(1, self.n_kv, 1, hd))
+        v = attn.v_proj(x).view(1, self.n_kv, 1, hd)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
+        q = q.view(1, self.n_kv, self.groups, hd)
+        past_scores = torch.matmul(q, past_k.transpose(-1, -2)) * self.scale   # [1,kv,g,P]
+        new_score = (q * k).sum(-1, keepdim=True) * self.scale                 # [1,kv,g,1]
+        top = torch.maximum(past_scores.amax(-1, keepdim=True), new_score)
+        past_w = torch.exp(past_scores - top)
+        new_w = torch.exp(new_score - top)
+        o = (torch.matmul(past_w, past_v) + new_w * v) / (past_w.sum(-1, keepdim=True) + new_w)
+        h = h + attn.o_proj(o.reshape(1, self.n_heads * hd))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h, k, v
 
 
 class StaticReshapeDecode(_DecoderStack):
@@ -187,7 +224,8 @@ class StaticReshapeDecode(_DecoderStack):
 
 
 class LmHead(nn.Module):
-    """Final RMSNorm + head on the last hidden row only: ``[1,1,H]`` -> ``[1,1,V]``."""
+    """Final RMSNorm + head on the last hidden row only: ``[1,H]`` -> ``[1,V]`` (2-D: pnnx emits
+    InnerProduct, which keeps fp16 weights; the 151936 x 1024 table dominates a token)."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
         super().__init__()

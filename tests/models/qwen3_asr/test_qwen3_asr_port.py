@@ -76,7 +76,7 @@ def test_manifest_records_versions_commands_and_check_catches_tampering(built, t
     copy = tmp_path / "pkg"
     shutil.copytree(pkg, copy)
     param = copy / "ncnn" / "decode_layer0.ncnn.param"
-    param.write_text(param.read_text().replace("Concat", "Concat ", 1))
+    param.write_text(param.read_text().replace("MatMul", "MatMul ", 1))
     assert any("decode_layer0.ncnn.param" in p for p in check_package(copy))
     with pytest.raises(RuntimeError, match="does not match its manifest"):
         open_ncnn_modules(copy)
@@ -224,10 +224,10 @@ def test_submodel_sessions_share_no_mutable_state(built):
     assert all(m.net.opt.num_threads == 1 for n, m in mods.items() if n != "audio_layer0")
     # a decode layer's answer does not depend on what another session computed before
     layer = mods["decode_layer0"]
-    inputs = decode_inputs(prep.loaded.reference, 16)[:6]
+    inputs = decode_inputs(prep.loaded.reference, 16)
     first = layer.run(inputs)
     mods["audio_head"].run([np.zeros((1, 104, 64), np.float32)])
-    mods["decode_layer1"].run(decode_inputs(prep.loaded.reference, 40)[:6])
+    mods["decode_layer1"].run(decode_inputs(prep.loaded.reference, 40))
     again = layer.run(inputs)
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
 
@@ -247,3 +247,86 @@ def test_parity_cli_takes_the_users_own_audio(built, tmp_path):
     summary = json.loads((prep.target.report_dir / "summary.json").read_text())
     mine = [r for r in summary["e2e"] if r["fixture"] == "input:mine.flac" and r["stage"] == "tokens"]
     assert mine and mine[0]["passed"] and mine[0]["tokens_compared"] >= 64
+
+
+def test_decode_graph_reads_the_cache_in_place_and_returns_only_the_new_rows(built):
+    """No Concat copying the past, K/V read straight from the graph inputs by MatMul, projections
+    as InnerProduct (2-D hidden: the layer that keeps fp16 weights), no pnnx leftovers."""
+    from ncnnport.convert.param_file import read_param
+
+    _, pkg = built
+    graph = read_param(pkg / "ncnn" / "decode_layer0.ncnn.param")
+    types = graph.layer_types()
+    assert "Concat" not in types and "Gemm" not in types and "SDPA" not in types
+    assert types.count("InnerProduct") == 7 and not graph.unsupported_layers()
+    readers = {b: [layer.type for layer in graph.layers if b in layer.inputs] for b in ("past_k", "past_v")}
+    assert readers == {"past_k": ["MatMul"], "past_v": ["MatMul"]}
+    spec = json.loads((pkg / "specs" / "decode_layer0.spec.json").read_text())
+    assert [o["shape"] for o in spec["outputs"]][1:] == [[1, 2, 1, 24]] * 2   # one new row of K and V
+    assert read_param(pkg / "ncnn" / "lm_head.ncnn.param").layer_types() == ["Input", "RMSNorm", "InnerProduct"]
+
+
+def test_generate_borrows_the_cache_and_matches_the_copying_path(built):
+    """The ncnn pipeline hands the cache to ncnn without a copy; the same package run through a
+    plain (copying) runner gives bit-identical tokens and logits."""
+    from ncnnport.models.qwen3_asr.features import extract_features
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+    from ncnnport.models.qwen3_asr.prompt import build_prompt
+    from ncnnport.models.qwen3_asr.runtime import make_pipeline
+    from ncnnport.runtime.recording import RecordingRunner
+    from ncnnport.runtime.zero_copy import ZeroCopyRunner
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    mods = open_ncnn_modules(pkg)
+    fast = make_pipeline(mods, prep.loaded.reference)
+    plain = make_pipeline({n: RecordingRunner(m, limit=0) for n, m in mods.items()}, prep.loaded.reference)
+    assert all(isinstance(d, ZeroCopyRunner) for d in fast.decoders)
+    assert not any(isinstance(d, ZeroCopyRunner) for d in plain.decoders)
+    wave = synth_speechlike(2.0, seed=3)
+    prompt = build_prompt(prep.loaded.extra["processor"], wave)
+    feats = extract_features(wave)
+    emb = fast.encode(feats.features, feats.mask)["audio_embeds"]
+    a = fast.generate(prompt.input_ids, emb, 24, keep_logits=True, min_new_tokens=24)
+    b = plain.generate(prompt.input_ids, emb, 24, keep_logits=True, min_new_tokens=24)
+    assert fast.decoders[0].borrowed == ["past_k", "past_v"]
+    assert a.tokens == b.tokens and len(a.tokens) == 24
+    assert all(np.array_equal(x, y) for x, y in zip(a.step_logits, b.step_logits))
+
+
+def test_decode_step_beyond_the_cache_capacity_is_a_clear_error(built):
+    from ncnnport.models.qwen3_asr.bench import filled_cache
+    from ncnnport.models.qwen3_asr.runtime import make_pipeline
+    from ncnnport.runtime.preallocated_cache import CacheError
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    pipe = make_pipeline(open_ncnn_modules(pkg), prep.loaded.reference)
+    cache = filled_cache(pipe, 9)   # capacity 10
+    h = np.zeros((1, pipe.d["hidden"]), np.float32)
+    pipe.decode_step(h, cache)
+    with pytest.raises(CacheError, match="qwen3-asr decoder: KV cache overflow at layer 0: .* capacity of 10"):
+        pipe.decode_step(h, cache)
+
+
+def test_fp16_weight_bench_stages_run_the_same_path_within_budget(built, capsys):
+    """``token_fp16`` / ``decode_fp16`` (make bench-perf) reopen the decode layers and the head with
+    fp16 InnerProduct weights; their factory reports the deviation from fp32 against the budget."""
+    from ncnnport.models.qwen3_asr.bench import stage_bytes
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    port, loaded = prep.port, prep.loaded
+    mods = open_ncnn_modules(pkg)
+    fp32 = port.bench_call(loaded, mods, "token", "20")
+    fp16 = port.bench_call(loaded, mods, "token_fp16", "20")
+    out = capsys.readouterr().out
+    assert "token_fp16@20 vs fp32 graphs" in out and "within" in out and "OUTSIDE" not in out
+    a, b = fp32()[0], fp16()[0]
+    assert a.shape == b.shape == (loaded.reference.config.text_config.vocab_size,)
+    assert not np.array_equal(a, b)   # fp16 weights really are in use
+    assert np.array_equal(fp16()[0], b)   # fixed inputs: repeated calls are identical
+    assert port.torch_bench_call(loaded, "decode_fp16", "20") is not None
+    w32, w16 = stage_bytes(loaded.reference, "token", "20"), stage_bytes(loaded.reference, "token_fp16", "20")
+    assert w32["kv_cache"] == w16["kv_cache"] == 2 * 2 * 2 * 20 * 24 * 4
+    assert 0.5 < w16["weights"] / w32["weights"] < 0.52   # Linear weights at 2 bytes, norms and one embedding row at 4
