@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,10 +29,35 @@ FORMAT = "ncnnport-seedvr2"
 
 @dataclass
 class SeedVR2:
+    """A fully built model (tiny presets, or any model already in memory).
+
+    ``view`` mirrors :meth:`.lazy.LazySeedVR2.view` so the export specs serve both: here every
+    weight is already present, so a view is simply the submodule (no copy, nothing read)."""
+
     config: SeedVR2Config
     dit: NaDiT
     vae: VideoAutoencoderKL
     text: torch.Tensor  # positive prompt embedding (L, txt_in_dim)
+
+    def view(self, root: str, parts: Sequence[str]) -> nn.Module:
+        top, _, rest = root.partition(".")
+        mod = getattr(self, top)
+        return mod.get_submodule(rest) if rest else mod
+
+    def part(self, root: str) -> nn.Module:
+        """Submodule ``root`` with all its weights."""
+        return self.view(root, [])
+
+    def view_names(self, root: str, parts: Sequence[str]) -> list[str]:
+        return [f"{root}.{n}" for n, _ in self.view(root, parts).named_parameters() if matches(n, parts)]
+
+    def view_bytes(self, root: str, parts: Sequence[str]) -> int:
+        return sum(4 * p.numel() for n, p in self.view(root, parts).named_parameters() if matches(n, parts))
+
+
+def matches(name: str, parts: Sequence[str]) -> bool:
+    """Whether parameter ``name`` is one of ``parts`` or lies under one of them."""
+    return any(name == p or name.startswith(p + ".") for p in parts)
 
 
 def _seeded_init(module: nn.Module, gen: torch.Generator) -> None:
@@ -76,6 +102,22 @@ def from_preset(name: str, seed: int = 0) -> SeedVR2:
     if name == "real":
         raise ValueError("the real preset is 3.4B parameters: load it from a checkpoint folder")
     return build(PRESETS[name], seed)
+
+
+def truncate(model: SeedVR2, layers: int | None) -> SeedVR2:
+    """The first ``layers`` DiT blocks of a built model (see ``lazy.truncated_config``): the
+    K-block NaDiT takes its tensors by name from the whole one (block K-1's video-only ada/MLP
+    are the whole block's ``vid`` tensors), so every kept value equals the untruncated preset."""
+    from ncnnport.models.seedvr2.lazy import truncated_config
+
+    if layers is None:
+        return model
+    config = truncated_config(model.config, layers)
+    with torch.device("meta"):
+        dit = NaDiT(config.dit)
+    full = model.dit.state_dict()
+    dit.load_state_dict({k: full[k] for k in dit.state_dict()}, strict=True, assign=True)
+    return SeedVR2(config, dit.eval(), model.vae, model.text)
 
 
 def save(model: SeedVR2, folder: Path) -> None:

@@ -50,6 +50,14 @@ FIXTURES = (
     Fixture("video_9x64x96", 9, 64, 96, 14),
 )
 RESIDENCY_FIXTURE = "image_256x448_multiwindow"
+# Full-width models (the real preset, a real checkpoint) cost 10^2-10^3 x the tiny preset per
+# graph on a CPU (torch alone: 7 s for the 64x96 image, 26 s for the 9-frame clip, 46 s for
+# 256x448 at 2 DiT blocks on 2 cores; ncnn's x86 Convolution3D is ~35x slower than torch on the
+# VAE), so their parity runs the one-window image and the clip (3 latent frames: regular and
+# shifted TIME windows, text averaged over 3 windows), each at its own size; residency is
+# checked on the image.
+FULL_WIDTH_FIXTURES = ("image_64x96", "video_9x64x96")
+FULL_WIDTH_RESIDENCY_FIXTURE = "image_64x96"
 # Call-by-call first-divergence trace and the reduced-precision frame records run on the small
 # image (one window; every graph is still called, each DiT block once).
 TRACE_FIXTURE = "image_64x96"
@@ -169,31 +177,43 @@ class StreamedModules:
 
 class SeedVR2Port(ModelPort):
     name = "seedvr2"
-    presets = ("tiny",)
+    presets = ("tiny", "real")
+    supports_layers = True
     # the run verb hands over a LazyModules: streamed residency then never holds every block
     lazy_modules = True
 
     # --- load / split --------------------------------------------------------------------------
-    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
+    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
+        """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims
+        with seeded per-tensor weights, and a checkpoint folder: both a
+        :class:`~.lazy.LazySeedVR2` whose graphs are built one at a time from their own tensors
+        (the whole model is materialised only for e2e parity, the torch bench or ``run``)."""
         import torch
 
+        from ncnnport.models.seedvr2 import lazy
         from ncnnport.models.seedvr2 import model as M
-        from ncnnport.models.seedvr2.mmrope import rope_freqs
+        from ncnnport.models.seedvr2.config import PRESETS
+        from ncnnport.models.seedvr2.seeded import REAL_SEED
 
         torch.set_num_threads(1)
-        ref = M.load(ckpt) if ckpt is not None else M.from_preset(preset)
-        d = ref.config.dit
-        want = rope_freqs(d.rope_axis_dim, d.rope_theta)
-        for i, blk in enumerate(ref.dit.blocks):
-            if not torch.allclose(blk.attn.rope.rope.freqs.float(), want, rtol=0, atol=1e-7):
-                raise ValueError(f"blocks.{i}.attn.rope.rope.freqs differ from 1/theta^(2i/d): the host "
-                                 "RoPE tables are computed from the config")
-        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=ref.config.to_json(), reference=ref)
+        if ckpt is not None:
+            ref = lazy.from_folder(ckpt, layers)
+        elif preset == "real":
+            ref = lazy.seeded(lazy.truncated_config(PRESETS["real"], layers), REAL_SEED)
+        else:
+            ref = M.truncate(M.from_preset(preset), layers)
+        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=ref.config.to_json(), reference=ref,
+                           extra={"layers": layers})
 
     def module_specs(self, loaded: LoadedModel):
         from ncnnport.models.seedvr2.specs import module_specs
 
         return module_specs(loaded.reference)
+
+    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
+        from ncnnport.models.seedvr2.specs import module_weight_bytes
+
+        return module_weight_bytes(loaded.reference)
 
     # --- pipelines -----------------------------------------------------------------------------
     @staticmethod
@@ -212,12 +232,22 @@ class SeedVR2Port(ModelPort):
             return GraphBackend(cfg, s.get, s.release, streamed=True), s
         return GraphBackend(cfg, modules.__getitem__), None
 
+    @staticmethod
+    def _full_width(loaded: LoadedModel) -> bool:
+        from ncnnport.models.seedvr2.config import REAL
+
+        return loaded.reference.config.dit.vid_dim >= REAL.dit.vid_dim
+
+    def _fixtures(self, loaded: LoadedModel) -> tuple[list[Fixture], str]:
+        """The synthetic e2e fixtures for this model's width, and the residency fixture."""
+        if self._full_width(loaded):
+            return [f for f in FIXTURES if f.label in FULL_WIDTH_FIXTURES], FULL_WIDTH_RESIDENCY_FIXTURE
+        return list(FIXTURES), RESIDENCY_FIXTURE
+
     def _area(self, loaded: LoadedModel, h: int, w: int) -> int:
         """Full-size models run at the official 720x1280 area; small test models (presets or
         checkpoints of a tiny config) at the input's own area, capped for CPU time."""
-        from ncnnport.models.seedvr2.config import REAL
-
-        if loaded.reference.config.dit.vid_dim >= REAL.dit.vid_dim:
+        if self._full_width(loaded):
             return REAL_AREA
         return min(h * w, TINY_MAX_AREA)
 
@@ -232,14 +262,18 @@ class SeedVR2Port(ModelPort):
         default = policy.default(prec) if policy else Tolerance()
         frames_tol = policy.stage("frames", prec) if policy else Tolerance(0.99999, 0.0, 1.0)
         res_tol = policy.stage("residency", prec) if policy else Tolerance(0.999999, 0.0, 0.0)
-        cases: list[tuple[str, np.ndarray, int]] = [(f.label, f.video(), f.seed) for f in FIXTURES]
+        fixtures, residency_fixture = self._fixtures(loaded)
+        # synthetic fixtures run at their own size (they were sized for the window logic); user
+        # inputs at the model's working area (720x1280 at full width)
+        cases: list[tuple[str, np.ndarray, int, int]] = [
+            (f.label, f.video(), f.seed, f.height * f.width) for f in fixtures]
         for i, p in enumerate(ctx.user_inputs):
-            cases.append((f"input:{Path(p).name}", read_frames(Path(p)), 100 + i))
+            video = read_frames(Path(p))
+            cases.append((f"input:{Path(p).name}", video, 100 + i, self._area(loaded, *video.shape[1:3])))
         torch_be = self.torch_backend(loaded)
         ncnn_be, _ = self.graph_backend(loaded, ctx.ncnn_modules)
         records: list[dict[str, Any]] = []
-        for label, video, seed in cases:
-            area = self._area(loaded, video.shape[1], video.shape[2])
+        for label, video, seed, area in cases:
             a = restore(ref.config, torch_be, video, txt, seed=seed, area=area)
             b = restore(ref.config, ncnn_be, video, txt, seed=seed, area=area)
             geo = {"frames_in": int(video.shape[0]), "size": list(a.frames.shape[1:3]),
@@ -249,7 +283,7 @@ class SeedVR2Port(ModelPort):
                 records.append(stage_record(label, stage, a.stages[stage], b.stages[stage], tol, **geo))
             records.append(stage_record(label, "frames", image_rows(a.frames), image_rows(b.frames),
                                         frames_tol, **geo, **image_stats(a.frames, b.frames)))
-            if label == RESIDENCY_FIXTURE:
+            if label == residency_fixture:
                 streamed_be, s = self.graph_backend(loaded, ctx.ncnn_modules, streamed=True)
                 c = restore(ref.config, streamed_be, video, txt, seed=seed, area=area)
                 identical = bool(np.array_equal(b.frames, c.frames)) and all(
@@ -266,6 +300,28 @@ class SeedVR2Port(ModelPort):
             if label == PRECISION_FIXTURE and prec == "fp32":
                 records += self._precision_records(ctx, label, video, seed, area, a.frames, b.frames, geo)
         return records
+
+    def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Full-depth parity with one module of each side resident (``parity --stream``, see
+        streamed.py) on the one-window image, and on ``--input`` images at their own size (the
+        720p working area would take ncnn's x86 Convolution3D most of an hour per VAE pass)."""
+        from ncnnport.models.seedvr2.streamed import streamed_parity
+
+        policy = ctx.policy
+        local_tol = policy.default("fp32") if policy else Tolerance()
+
+        def tol_for(stage: str) -> Tolerance:
+            return policy.stage(stage, "fp32") if policy else local_tol
+
+        cases = [(f.label, f.video(), f.seed) for f in FIXTURES if f.label == TRACE_FIXTURE]
+        cases += [(f"input:{Path(p).name}", read_frames(Path(p)), 100 + i) for i, p in enumerate(ctx.user_inputs)]
+        records: list[dict[str, Any]] = []
+        receipts: dict[str, Any] = {}
+        for label, video, seed in cases:
+            recs, receipts[label] = streamed_parity(ctx.loaded.reference, ctx.ncnn_modules, label, video, seed,
+                                                    video.shape[1] * video.shape[2], tol_for, local_tol)
+            records += recs
+        return records, receipts
 
     def _trace(self, label: str, video: np.ndarray, seed: int, area: int, ctx: E2EContext) -> dict[str, Any]:
         """Call-by-call first-divergence trace: the pipeline on the torch wrappers vs on ncnn."""
@@ -319,80 +375,33 @@ class SeedVR2Port(ModelPort):
             mods.release_all()
         return out
 
-    # --- bench ---------------------------------------------------------------------------------
-    BENCH_SIZES = ["256x256", "512x512"]
-
+    # --- bench (models/seedvr2/bench.py) --------------------------------------------------------
     def bench_stages(self) -> dict[str, list[str]]:
-        """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0 (a
-        separate-weights mm block): pre graph, every window's attention, post graph; ``dit`` is
-        the whole DiT (input, embedding, all blocks, output head)."""
-        return {"dit_block": list(self.BENCH_SIZES), "vae_encode": list(self.BENCH_SIZES),
-                "vae_decode": list(self.BENCH_SIZES), "dit": list(self.BENCH_SIZES)}
+        """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0: pre
+        graph, every window's attention, post graph; ``dit`` is the whole DiT."""
+        from ncnnport.models.seedvr2.bench import STAGES
 
-    def _bench_inputs(self, loaded: LoadedModel, size: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cfg = loaded.reference.config
-        h, w = (int(v) for v in size.lower().split("x"))
-        s = cfg.vae.spatial_factor
-        if h % (2 * s) or w % (2 * s):
-            raise ValueError(f"bench size {size}: height and width must be multiples of {2 * s}")
-        rng = np.random.default_rng(0)
-        x = rng.uniform(-1, 1, (1, 3, 1, h, w)).astype(np.float32)
-        cond = rng.standard_normal((1, h // s, w // s, cfg.dit.vid_in_channels)).astype(np.float32)
-        z = rng.standard_normal((1, cfg.vae.latent_channels, 1, h // s, w // s)).astype(np.float32)
-        return x, cond, z
+        return {k: list(v) for k, v in STAGES.items()}
 
-    def _bench(self, loaded: LoadedModel, backend: Any, stage: str, size: str) -> Any:
-        if stage not in self.bench_stages():
-            raise NotImplementedError(f"model {self.name} has no bench stage {stage!r}")
-        x, cond, z = self._bench_inputs(loaded, size)
-        txt = loaded.reference.text.numpy()
-        t = loaded.reference.config.timestep
-        calls = {"vae_encode": lambda: list(backend.encode(x)),
-                 "dit": lambda: [backend.dit(cond, txt, t, {})],
-                 "vae_decode": lambda: [backend.decode(z)]}
-        if stage == "dit_block":
-            return self._block_call(loaded, backend, cond, txt)
-        return calls[stage]
+    def bench_perf_stages(self) -> dict[str, list[str]]:
+        from ncnnport.models.seedvr2.bench import PERF_STAGES
 
-    @staticmethod
-    def _block_call(loaded: LoadedModel, backend: Any, cond: np.ndarray, txt: np.ndarray) -> Any:
-        """Block 0 on the tokens the DiT's own input graphs give for ``cond`` (set up once)."""
-        from ncnnport.models.seedvr2.dit import timestep_sinusoid
-        from ncnnport.models.seedvr2.runner import patchify_np
+        return {k: list(v) for k, v in PERF_STAGES.items()}
 
-        cfg = loaded.reference.config
-        d = cfg.dit
-        T, H, W, _ = cond.shape
-        grid, L = (T, H // 2, W // 2), txt.shape[0]
-        if hasattr(backend, "block"):       # ncnn graphs
-            vid, tx = backend.get("dit_input").run([patchify_np(cond), np.ascontiguousarray(txt[None])])
-            emb6 = backend.get("dit_embedding").run([timestep_sinusoid(cfg.timestep, d.sinusoidal_dim).numpy()[None]])[0]
-            cos_t, sin_t = backend.geometry.text_tables(L)
-            plan = backend.geometry.plan(grid, False, L)
-            return lambda: list(backend.block(0, vid, tx, emb6, plan, cos_t, sin_t))
-        import torch                        # torch eager: the reference block on the same work
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
+        from ncnnport.models.seedvr2.bench import stage_bytes
 
-        from ncnnport.models.seedvr2.mmrope import text_positions
-
-        dit = backend.dit_model
-        block = dit.blocks[0]
-        with torch.inference_mode():
-            v, x = dit.embed_inputs(torch.from_numpy(cond), torch.from_numpy(txt))
-            emb = dit.emb_in(cfg.timestep)
-            rope = block.attn.rope
-            plan = dit.window_plan(grid, block.shifted, L, rope)
-            tc, ts = rope.tables(torch.from_numpy(text_positions(L)))
-
-        def call():
-            with torch.inference_mode():
-                return [o.numpy() for o in block(v, x, emb, plan, tc, ts)]
-        return call
+        return stage_bytes(loaded.reference, stage)
 
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
-        return self._bench(loaded, self.graph_backend(loaded, modules)[0], stage, size)
+        from ncnnport.models.seedvr2.bench import ncnn_call
+
+        return ncnn_call(loaded.reference, self.graph_backend(loaded, modules)[0], stage, size)
 
     def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
-        return self._bench(loaded, self.torch_backend(loaded), stage, size)
+        from ncnnport.models.seedvr2.bench import torch_call
+
+        return torch_call(loaded.reference, stage, size)
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:

@@ -17,18 +17,33 @@ VAE depth-to-space (+ frame drop). Every axis is dynamic (traced at two sizes), 
 frame count; no per-shape graphs are needed. The two trace sizes must differ in every product
 pnnx might fold (H*W above all: with 32x48 and 48x32 pnnx baked H*W = 1536 into the per-frame
 GroupNorm reshape and the graph failed at other areas), hence the unequal areas below.
+
+Builds are lazy and local: ``spec_parts`` names the parameters each graph holds, and a spec's
+``build()`` asks the model for a view with exactly those (``SeedVR2.view`` returns the built
+submodule; ``LazySeedVR2.view`` reads only those tensors), so exporting the real 3B model holds
+one graph's weights at a time.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+from torch import nn
 
 from ncnnport.contract import ModuleSpec, TensorSpec
 from ncnnport.models.seedvr2 import wrappers as W
-from ncnnport.models.seedvr2.config import SeedVR2Config
+from ncnnport.models.seedvr2.config import DiTConfig, SeedVR2Config
 from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
+
+
+# VAE trace sizes: (h0, h1), (w0, w1) in pixels for the encoder, latent (f, h, w) pairs for the
+# decoder. Every axis differs between the two and so do the products H*W and T*H*W. They are
+# kept small because pnnx holds every intermediate of its shape-inference runs: at real width
+# the encoder traced at 32x48 / 48x40 px peaked at 1758 MB in pnnx (382 MB of weights), at
+# 16x24 / 32x16 at 1106 MB; the last decoder segment went from 1410 to 459 MB.
+VAE_TRACE_HW = ((16, 32), (24, 16))
+LATENT_TRACE = ((2, 2, 3), (3, 4, 2))
 
 
 def _tables(n: int, hd: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -42,17 +57,92 @@ def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
+# --- which weights each graph holds -------------------------------------------------------------
+Parts = tuple[str, list[str]]   # (skeleton root, parameter names or prefixes under it)
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def block_parts(d: DiTConfig, i: int) -> tuple[list[str], list[str]]:
+    """Parameters of block ``i`` read by its pre graph and by its post graph.
+
+    Separate-weight blocks have ``.vid`` / ``.txt`` copies, shared blocks one ``.all``. The last
+    block's text goes through QKV and QK-norm unmodulated and has no text output, so its pre
+    graph reads only the video attention shift/scale and its post graph only the video stream
+    (a separate-weight last block's ``attn.proj_out.txt`` is read by neither)."""
+    streams = ("vid",) if d.is_last(i) else ("vid", "txt")
+    branch = ["all" if d.shared_weights(i) else s for s in streams]
+    pre = ["attn.proj_qkv", "attn.norm_q", "attn.norm_k"]
+    pre += [f"ada.{b}.attn_{k}" for b in branch for k in ("shift", "scale")]
+    post = [f"attn.proj_out.{b}" for b in branch] + [f"mlp.{b}" for b in branch]
+    post += [f"ada.{b}.{k}" for b in branch for k in ("attn_gate", "mlp_shift", "mlp_scale", "mlp_gate")]
+    return _unique(pre), _unique(post)
+
+
+def decode_parts(cfg: SeedVR2Config, k: int) -> list[str]:
+    """VAE parameters of decoder segment ``k`` (see ``wrappers.VAEDecodeStage``)."""
+    n = len(cfg.vae.block_out_channels)
+    head = ["decoder.conv_in", "decoder.mid_block"] if k == 0 else [f"decoder.up_blocks.{k - 1}.upsamplers.0.conv"]
+    tail = (["decoder.conv_norm_out", "decoder.conv_out"] if k == n - 1
+            else [f"decoder.up_blocks.{k}.upsamplers.0.upscale_conv"])
+    return head + [f"decoder.up_blocks.{k}.resnets"] + tail
+
+
+def spec_parts(cfg: SeedVR2Config) -> dict[str, Parts]:
+    """Graph name -> the weights it holds: the one table that drives lazy builds, the weight
+    bytes of the memory receipts and the tests of what a build reads."""
+    d = cfg.dit
+    out: dict[str, Parts] = {"vae_encode": ("vae", ["encoder"])}
+    for k, name in enumerate(decode_stage_names(cfg)):
+        out[name] = ("vae", decode_parts(cfg, k))
+    out["dit_input"] = ("dit", ["vid_in", "txt_in"])
+    out["dit_embedding"] = ("dit", ["emb_in"])
+    out["dit_attention"] = ("dit", [])
+    for i in range(d.num_layers):
+        (pre, post), (pre_parts, post_parts) = block_names(i), block_parts(d, i)
+        out[pre], out[post] = (f"dit.blocks.{i}", pre_parts), (f"dit.blocks.{i}", post_parts)
+    out["dit_output"] = ("dit", ["vid_out_norm", "vid_out_ada", "vid_out"])
+    return out
+
+
+def module_weight_bytes(model: Any) -> dict[str, int]:
+    """float32 weight bytes each graph holds (from shapes; nothing is read)."""
+    return {name: model.view_bytes(root, parts) if parts else 0
+            for name, (root, parts) in spec_parts(model.config).items()}
+
+
+def _built(name: str, module: nn.Module) -> nn.Module:
+    """A wrapper must hold real weights only: a parameter left on ``meta`` means the graph needs
+    a tensor its ``spec_parts`` entry does not list (it would trace to garbage)."""
+    meta = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if meta:
+        raise RuntimeError(f"{name}: wrapper holds tensors its spec_parts entry does not read: {meta[:6]}")
+    return module.eval()
+
+
+def _builder(model: Any, name: str, parts: Parts, make: Callable[[nn.Module], nn.Module]) -> Callable[[], nn.Module]:
+    root, names = parts
+    return lambda: _built(name, make(model.view(root, names)))
+
+
+# --- the split ------------------------------------------------------------------------------------
 def dit_specs(model: Any) -> list[ModuleSpec]:
-    dit = model.dit
-    d = dit.cfg
+    """DiT graphs. ``model`` is a :class:`.model.SeedVR2` or a :class:`.lazy.LazySeedVR2`; every
+    ``build()`` reads only its own graph's weights (``spec_parts``) and returns a fresh wrapper,
+    so export holds one graph's weights at a time."""
+    cfg: SeedVR2Config = model.config
+    d = cfg.dit
+    parts = spec_parts(cfg)
     D, H, hd = d.vid_dim, d.heads, d.head_dim
     axes_nl = {"n": (48, 80), "l": (7, 12)}
     specs = [
-        ModuleSpec("dit_input", lambda: W.DiTInput(dit).eval(),
+        ModuleSpec("dit_input", _builder(model, "dit_input", parts["dit_input"], W.DiTInput),
                    [TensorSpec("vid", (1, "n", d.patch_features)), TensorSpec("txt", (1, "l", d.txt_in_dim))],
                    [TensorSpec("vid_h", (1, "n", D)), TensorSpec("txt_h", (1, "l", D))],
                    axes=dict(axes_nl), parity_sizes=[{"n": 1, "l": 1}, {"n": 450, "l": 58}]),
-        ModuleSpec("dit_embedding", lambda: W.DiTEmbedding(dit).eval(),
+        ModuleSpec("dit_embedding", _builder(model, "dit_embedding", parts["dit_embedding"], W.DiTEmbedding),
                    [TensorSpec("sinus", (1, d.sinusoidal_dim))], [TensorSpec("emb6", (1, 6, D))],
                    notes="timestep sinusoid computed on the host; output rows l*3+g"),
         ModuleSpec("dit_attention", lambda: W.DiTAttention(hd).eval(),
@@ -68,18 +158,19 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
         ct, st = _tables(l, hd, rng)
         return [_normal(rng, 1, n, D), _normal(rng, 1, l, D), _normal(rng, 1, 6, D), cv, sv, ct, st]
 
-    for i, block in enumerate(dit.blocks):
+    for i in range(d.num_layers):
         pre, post = block_names(i)
+        last = d.is_last(i)
         specs.append(ModuleSpec(
-            pre, (lambda b=block: W.DiTBlockPre(b).eval()),
+            pre, _builder(model, pre, parts[pre], W.DiTBlockPre),
             [TensorSpec("vid", (1, "n", D)), TensorSpec("txt", (1, "l", D)), TensorSpec("emb6", (1, 6, D)),
              TensorSpec("cos_v", (1, "n", hd)), TensorSpec("sin_v", (1, "n", hd)),
              TensorSpec("cos_t", (1, "l", hd)), TensorSpec("sin_t", (1, "l", hd))],
             [TensorSpec(f"{a}_{s}", (1, "n" if s == "v" else "l", H, hd)) for s in ("v", "t") for a in "qkv"],
             axes=dict(axes_nl), make_inputs=pre_inputs, parity_sizes=[{"n": 1, "l": 1}],
             notes="Q/K channels permuted to rotate-half order (attention logits unchanged)"
-                  + ("; last block: text normalised, not modulated" if block.is_last else "")))
-        if block.is_last:
+                  + ("; last block: text normalised, not modulated" if last else "")))
+        if last:
             ins = [TensorSpec("vid", (1, "n", D)), TensorSpec("emb6", (1, 6, D)),
                    TensorSpec("attn_v", (1, "n", H * hd))]
             outs = [TensorSpec("vid_out", (1, "n", D))]
@@ -90,10 +181,10 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
                    TensorSpec("attn_v", (1, "n", H * hd)), TensorSpec("attn_t", (1, "l", H * hd))]
             outs = [TensorSpec("vid_out", (1, "n", D)), TensorSpec("txt_out", (1, "l", D))]
             axes, extra = dict(axes_nl), [{"n": 1, "l": 1}]
-        specs.append(ModuleSpec(post, (lambda b=block: W.DiTBlockPost(b).eval()), ins, outs, axes=axes,
+        specs.append(ModuleSpec(post, _builder(model, post, parts[post], W.DiTBlockPost), ins, outs, axes=axes,
                                 parity_sizes=extra))
     specs.append(ModuleSpec(
-        "dit_output", lambda: W.DiTOutput(dit).eval(),
+        "dit_output", _builder(model, "dit_output", parts["dit_output"], W.DiTOutput),
         [TensorSpec("vid", (1, "n", D)), TensorSpec("emb6", (1, 6, D))],
         [TensorSpec("vid_out", (1, "n", d.vid_out_channels * 4))], axes={"n": (48, 80)},
         parity_sizes=[{"n": 1}], notes="modulation from the ATTENTION rows of emb (official quirk)"))
@@ -101,15 +192,15 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
 
 
 def vae_specs(model: Any) -> list[ModuleSpec]:
-    vae = model.vae
     cfg: SeedVR2Config = model.config
+    parts = spec_parts(cfg)
     v = cfg.vae
     specs = [ModuleSpec(
-        "vae_encode", lambda: W.VAEEncode(vae).eval(),
+        "vae_encode", _builder(model, "vae_encode", parts["vae_encode"], W.VAEEncode),
         [TensorSpec("x", (1, v.in_channels, "t", "h", "w"))],
         [TensorSpec("mean", (1, v.latent_channels, "lt", "lh", "lw")),
          TensorSpec("logvar", (1, v.latent_channels, "lt", "lh", "lw"))],
-        axes={"t": (5, 9), "h": (32, 48), "w": (48, 40)},
+        axes={"t": (5, 9), "h": VAE_TRACE_HW[0], "w": VAE_TRACE_HW[1]},
         make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, sizes["t"], sizes["h"], sizes["w"]))
                                         .astype(np.float32)],
         parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
@@ -129,10 +220,10 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
         cin = v.latent_channels if k == 0 else chans[k - 1]
         last = k == len(chans) - 1
         cout = v.in_channels if last else chans[k] * (8 if temporal[k] else 4)
-        a0, a1 = sizes_at(k, 2, 4, 6), sizes_at(k, 3, 6, 5)
+        a0, a1 = sizes_at(k, *LATENT_TRACE[0]), sizes_at(k, *LATENT_TRACE[1])
         extra = [dict(zip("fhw", sizes_at(k, 1, 2, 2))), dict(zip("fhw", sizes_at(k, 1, 5, 3)))]
         specs.append(ModuleSpec(
-            name, (lambda k=k: W.VAEDecodeStage(vae, k).eval()),
+            name, _builder(model, name, parts[name], lambda vae, k=k: W.VAEDecodeStage(vae, k)),
             [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"))],
             axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
             parity_sizes=extra,

@@ -85,13 +85,24 @@ def _permuted_qkv(block: NaMMSRTransformerBlock, branch: str, perm: np.ndarray) 
     rows[0] = rows[0][:, perm]
     rows[1] = rows[1][:, perm]
     idx = torch.from_numpy(rows.reshape(-1).copy())
-    new = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+    # built on meta and given the permuted rows: no throwaway allocation + init of a
+    # 7680 x 2560 weight at real width (the gather is the only copy)
+    new = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
     with torch.no_grad():
-        new.weight.copy_(lin.weight[idx])
+        new.weight = _frozen(lin.weight[idx])
         if lin.bias is not None:
-            new.bias.copy_(lin.bias[idx])
+            new.bias = _frozen(lin.bias[idx])
     p = torch.from_numpy(perm.copy())
     return new, a.norm_q.get(branch).weight.detach()[p].clone(), a.norm_k.get(branch).weight.detach()[p].clone()
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach(), requires_grad=False)
+
+
+def _copy(t: torch.Tensor) -> nn.Parameter:
+    """A wrapper's own copy of a (small) modulation vector."""
+    return nn.Parameter(t.detach().clone(), requires_grad=False)
 
 
 class _QKV(nn.Module):
@@ -121,29 +132,47 @@ class DiTBlockPre(nn.Module):
     token's window-local position), cos_t/sin_t (1,L,hd); sin tables carry rotate-half's sign
     (first half negated). Outputs q/k/v for video and text
     (1, *, H, hd). The last block's text is normalised but not modulated.
+
+    Shared-weight blocks (one ``.all`` QKV for both streams) run the two streams as ONE token
+    sequence through one QKV Linear and split it after: written per stream, pnnx emits two Gemm
+    layers that each store the same 7680 x 2560 weight (the real package was 19.8 GB instead of
+    13.6 GB, 6.3 GB of it duplicated ``.all`` weights of blocks 10-31).
     """
 
     def __init__(self, block: NaMMSRTransformerBlock) -> None:
         super().__init__()
         perm = pair_to_half_perm(block.attn.head_dim)
         self.is_last, self.eps = block.is_last, block.eps
+        self.shared = block.attn.proj_qkv.shared
         ada_v = block.ada.get("vid")
-        self.v_shift = nn.Parameter(ada_v.attn_shift.detach().clone(), requires_grad=False)
-        self.v_scale = nn.Parameter(ada_v.attn_scale.detach().clone(), requires_grad=False)
-        if not self.is_last:
+        self.v_shift, self.v_scale = _copy(ada_v.attn_shift), _copy(ada_v.attn_scale)
+        if not self.is_last and not self.shared:
             ada_t = block.ada.get("txt")
-            self.t_shift = nn.Parameter(ada_t.attn_shift.detach().clone(), requires_grad=False)
-            self.t_scale = nn.Parameter(ada_t.attn_scale.detach().clone(), requires_grad=False)
+            self.t_shift, self.t_scale = _copy(ada_t.attn_shift), _copy(ada_t.attn_scale)
         self.qkv_v = _QKV(block, "vid", perm)
-        self.qkv_t = _QKV(block, "txt", perm)
+        if not self.shared:
+            self.qkv_t = _QKV(block, "txt", perm)
 
     def forward(self, vid, txt, emb6, cos_v, sin_v, cos_t, sin_t):
         shift, scale = emb6[:, 0:1], emb6[:, 1:2]
+        n = vid.shape[1]
+        if self.shared and not self.is_last:   # same norm, modulation and QKV for every token
+            x = rms(torch.cat([vid, txt], dim=1), self.eps) * (scale + self.v_scale) + (shift + self.v_shift)
+            return self._split(self.qkv_v(x, torch.cat([cos_v, cos_t], dim=1), torch.cat([sin_v, sin_t], dim=1)), n)
         vn = rms(vid, self.eps) * (scale + self.v_scale) + (shift + self.v_shift)
         tn = rms(txt, self.eps)
         if not self.is_last:
             tn = tn * (scale + self.t_scale) + (shift + self.t_shift)
-        return (*self.qkv_v(vn, cos_v, sin_v), *self.qkv_t(tn, cos_t, sin_t))
+        if not self.shared:
+            return (*self.qkv_v(vn, cos_v, sin_v), *self.qkv_t(tn, cos_t, sin_t))
+        # shared last block: modulated video and unmodulated text through the one QKV
+        return self._split(self.qkv_v(torch.cat([vn, tn], dim=1), torch.cat([cos_v, cos_t], dim=1),
+                                      torch.cat([sin_v, sin_t], dim=1)), n)
+
+    @staticmethod
+    def _split(qkv: tuple[torch.Tensor, ...], n: int) -> tuple[torch.Tensor, ...]:
+        """(q, k, v) over [video; text] -> q_v, k_v, v_v, q_t, k_t, v_t."""
+        return (*(t[:, :n] for t in qkv), *(t[:, n:] for t in qkv))
 
 
 class DiTAttention(nn.Module):
@@ -160,22 +189,35 @@ class DiTAttention(nn.Module):
         return o.permute(0, 2, 1, 3)
 
 
+class _PostModulation(nn.Module):
+    """The post graph's own copies of one stream's attention gate and MLP modulation vectors
+    (the block's attention shift/scale belong to the pre graph and are not held here)."""
+
+    def __init__(self, ada: nn.Module) -> None:
+        super().__init__()
+        self.attn_gate, self.mlp_shift = _copy(ada.attn_gate), _copy(ada.mlp_shift)
+        self.mlp_scale, self.mlp_gate = _copy(ada.mlp_scale), _copy(ada.mlp_gate)
+
+
 class DiTBlockPost(nn.Module):
     """proj_out + gate + residual, then norm + MLP modulation + SwiGLU + gate + residual.
 
     Attention outputs come flattened to (1, *, H*hd) (a free host reshape). The last block has
-    no text output (its text result is never consumed), so its graph takes only the video."""
+    no text output (its text result is never consumed), so its graph takes only the video.
+    Shared-weight blocks run both streams as one token sequence (every op here is per token and
+    the weights are the same), so the graph stores the ``.all`` weights once (see DiTBlockPre)."""
 
     def __init__(self, block: NaMMSRTransformerBlock) -> None:
         super().__init__()
         self.is_last, self.eps = block.is_last, block.eps
+        self.shared = block.mlp.shared
         self.proj_v = block.attn.proj_out.get("vid")
         self.mlp_v = block.mlp.get("vid")
-        self.ada_v = block.ada.get("vid")
-        if not self.is_last:
+        self.ada_v = _PostModulation(block.ada.get("vid"))
+        if not self.is_last and not self.shared:
             self.proj_t = block.attn.proj_out.get("txt")
             self.mlp_t = block.mlp.get("txt")
-            self.ada_t = block.ada.get("txt")
+            self.ada_t = _PostModulation(block.ada.get("txt"))
 
     def _stream(self, x, attn, emb6, proj, mlp, ada):
         x = x + proj(attn) * (emb6[:, 2:3] + ada.attn_gate)
@@ -187,6 +229,11 @@ class DiTBlockPost(nn.Module):
             vid, emb6, attn_v = args
             return self._stream(vid, attn_v, emb6, self.proj_v, self.mlp_v, self.ada_v)
         vid, txt, emb6, attn_v, attn_t = args
+        if self.shared:
+            n = vid.shape[1]
+            y = self._stream(torch.cat([vid, txt], dim=1), torch.cat([attn_v, attn_t], dim=1), emb6,
+                             self.proj_v, self.mlp_v, self.ada_v)
+            return y[:, :n], y[:, n:]
         return (self._stream(vid, attn_v, emb6, self.proj_v, self.mlp_v, self.ada_v),
                 self._stream(txt, attn_t, emb6, self.proj_t, self.mlp_t, self.ada_t))
 

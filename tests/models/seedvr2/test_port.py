@@ -81,6 +81,12 @@ def test_converted_graphs_are_stock_and_batch_axis_safe(built) -> None:
                 assert layer.get("1") != "-233", (p.name, layer.name)
     types = {l.type for p in params for l in read_param(p).layers}
     assert {"Convolution3D", "SDPA", "RMSNorm", "Gemm"} <= types
+    # each graph stores its weights once (shared-weight blocks: one Gemm per weight, not per stream)
+    prep, _ = built
+    sizes = prep.port.module_weight_bytes(prep.loaded)
+    for name, nbytes in sizes.items():
+        stored = (pkg / "ncnn" / f"{name}.ncnn.bin").stat().st_size
+        assert nbytes <= stored <= nbytes + 4096 * 64, (name, nbytes, stored)
 
 
 def test_run_verb_image_and_frames_folder(built, tmp_path) -> None:
@@ -310,3 +316,27 @@ def test_bench_has_block_and_vae_stages_at_two_sizes_matching_torch(built) -> No
         for r, c in zip(ref, a):
             r = np.asarray(r).reshape(c.shape)
             assert np.abs(r - c).max() <= 1e-4 * np.abs(r).max(), st
+
+
+# --- streamed full-depth parity ------------------------------------------------------------------
+def test_streamed_parity_matches_the_in_memory_run(built, summary) -> None:
+    """``parity --stream``: one module of each side at a time gives the same propagated numbers as
+    the in-memory e2e run (same reference ops, same graphs), plus per-block local rows."""
+    from ncnnport.parity.policy import Policy
+    from ncnnport.registry import E2EContext
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    prep, pkg = built
+    modules = LazyModules(pkg)
+    ctx = E2EContext(loaded=prep.loaded, ncnn_modules=modules, torch_modules={}, package_dir=pkg,
+                     policy=Policy.load(prep.port.policy_path))
+    recs, receipt = prep.port.streamed_parity(ctx)
+    assert all(r["passed"] for r in recs), [r for r in recs if not r["passed"]][:2]
+    assert modules.live_peak(lambda n: True) <= 4 and modules.live == []   # a block pair + attention (+ I/O)
+    streamed = {r["stage"]: r for r in recs}
+    in_memory = {r["stage"]: r for r in summary["e2e"] if r["fixture"] == "image_64x96"}
+    for stage in ("latent", "block_00", "block_03", "vid_out", "decoded", "frames"):
+        assert streamed[stage]["max_abs"] == pytest.approx(in_memory[stage]["max_abs"], rel=1e-3, abs=1e-7), stage
+    assert {f"block_{i:02d}/local" for i in range(4)} <= set(streamed)
+    phases = receipt["image_64x96"]["phases"]
+    assert "block_03_torch" in phases and receipt["image_64x96"]["peak_rss_mb"] > 0
