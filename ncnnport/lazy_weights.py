@@ -319,6 +319,15 @@ def parameter_shapes(module: nn.Module, prefix: str = "") -> dict[str, tuple[int
     return {p + n: tuple(t.shape) for n, t in module.named_parameters(remove_duplicate=False)}
 
 
+def parameter_owners(module: nn.Module) -> dict[str, nn.Module]:
+    """Full parameter name -> the module that registers it (init rules classify by its type)."""
+    owners: dict[str, nn.Module] = {}
+    for mname, mod in module.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owners[f"{mname}.{pname}" if mname else pname] = mod
+    return owners
+
+
 def materialize(module: nn.Module, source: WeightSource, prefix: str, *, copy_module: bool = True) -> nn.Module:
     """A copy of ``module`` (whose parameters may be on meta) with every parameter read from
     ``source`` under ``prefix``. Tied parameters inside the module stay tied. Only this module's

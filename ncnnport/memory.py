@@ -82,3 +82,25 @@ def child_peak_rss_bytes(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+class PhaseMemory:
+    """Peak RSS and seconds per named phase of one process (VmHWM reset at each start): the
+    receipt of a streamed run that holds one module of each side at a time."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, float]] = {}
+
+    def run(self, name: str, fn):
+        import time
+
+        release_memory()
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        out = fn()
+        self.phases[name] = {"peak_rss_mb": mb(peak_rss_bytes()), "seconds": round(time.perf_counter() - t0, 2)}
+        return out
+
+    def peak(self) -> dict:
+        name = max(self.phases, key=lambda k: self.phases[k]["peak_rss_mb"])
+        return {"peak_rss_mb": self.phases[name]["peak_rss_mb"], "peak_phase": name}

@@ -206,10 +206,9 @@ def seeded_init_rule(skeleton: nn.Module, gain: float = REAL_INIT_GAIN, qk_gain:
     """The per-tensor init rule of the seeded real preset, classified by the owning module's type."""
     from ncnnport.lazy_weights import Init
 
-    owners = {}
-    for mname, mod in skeleton.named_modules():
-        for pname, _ in mod.named_parameters(recurse=False):
-            owners[f"{mname}.{pname}" if mname else pname] = mod
+    from ncnnport.lazy_weights import parameter_owners
+
+    owners = parameter_owners(skeleton)
 
     def rule(name: str, shape: tuple[int, ...]) -> Init:
         mod = owners[name]

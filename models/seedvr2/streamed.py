@@ -16,34 +16,14 @@ so differences come from the graphs alone. Peak RSS and time are measured per ph
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ncnnport.contract import Tolerance
-from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss
+from ncnnport.memory import PhaseMemory as Phases
 from ncnnport.parity.records import stage_record
-
-
-class Phases:
-    """Peak RSS and seconds per named phase (VmHWM reset at each start)."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, dict[str, float]] = {}
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        release_memory()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        out = fn()
-        self.phases[name] = {"peak_rss_mb": mb(peak_rss_bytes()), "seconds": round(time.perf_counter() - t0, 2)}
-        return out
-
-    def peak(self) -> dict[str, Any]:
-        name = max(self.phases, key=lambda k: self.phases[k]["peak_rss_mb"])
-        return {"peak_rss_mb": self.phases[name]["peak_rss_mb"], "peak_phase": name}
 
 
 def _emb6(emb: torch.Tensor, dim: int) -> np.ndarray:

@@ -51,10 +51,9 @@ def truncated_config(cfg: YoutuVLConfig, layers: int | None) -> YoutuVLConfig:
 
 def seeded_init_rule(skeleton: nn.Module) -> Callable[[str, tuple[int, ...]], Init]:
     """mean/std per tensor, classified by the owning module's type."""
-    owners: dict[str, nn.Module] = {}
-    for mname, mod in skeleton.named_modules():
-        for pname, _ in mod.named_parameters(recurse=False):
-            owners[f"{mname}.{pname}" if mname else pname] = mod
+    from ncnnport.lazy_weights import parameter_owners
+
+    owners = parameter_owners(skeleton)
 
     def rule(name: str, shape: tuple[int, ...]) -> Init:
         mod = owners[name]

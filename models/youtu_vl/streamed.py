@@ -20,14 +20,13 @@ Peak RSS is measured per phase (VmHWM reset before each).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ncnnport.contract import Tolerance
-from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss
+from ncnnport.memory import PhaseMemory
 from ncnnport.parity.records import stage_record, token_record
 from ncnnport.runtime.lazy_modules import LazyModules
 
@@ -54,21 +53,6 @@ class OneAtATime:
         if self.current is not None:
             self.modules.release(self.current)
             self.current = None
-
-
-class PhaseMemory:
-    """Peak RSS per named phase (VmHWM reset at each start)."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, dict[str, float]] = {}
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        release_memory()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        out = fn()
-        self.phases[name] = {"peak_rss_mb": mb(peak_rss_bytes()), "seconds": round(time.perf_counter() - t0, 2)}
-        return out
 
 
 def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
