@@ -269,11 +269,15 @@ class SafetensorsSource(WeightSource):
     def _shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
 
+    def _key(self, name: str) -> str:
+        """The tensor's key inside its file (a subclass may prefix names by file)."""
+        return name
+
     def _load(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
         with safe_open(str(self.files[name]), framework="pt") as f:
-            t = f.get_tensor(name)
+            t = f.get_tensor(self._key(name))
         # float32 stays a view of the mapped file (page cache, released with the tensor): a clone
         # would hold the file pages AND an anonymous copy, twice the module at the peak
         return t if t.dtype == torch.float32 else t.to(torch.float32)
@@ -282,7 +286,7 @@ class SafetensorsSource(WeightSource):
         from safetensors import safe_open
 
         with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_slice(name)[start:stop]
+            return f.get_slice(self._key(name))[start:stop]
 
     def describe(self) -> str:
         return f"checkpoint {self.folder}"
@@ -356,3 +360,69 @@ def release(module: nn.Module) -> None:
         for name, param in list(sub._parameters.items()):
             if param is not None and param.device.type != "meta":
                 sub._parameters[name] = nn.Parameter(param.detach().to("meta"), requires_grad=False)
+
+
+class LazyModel:
+    """A model built one submodule at a time: a parameter-free ``skeleton`` and a weight
+    ``source``. ``part(path)`` materialises one submodule (only its tensors are read); the whole
+    model is built by ``full()`` (a subclass's ``_build_full``) or by any attribute this object
+    lacks, so code written against the eager model keeps working. Once the whole model exists,
+    ``part`` returns its submodules: wrappers built after the reference share its weights.
+
+    Construction checks every skeleton parameter against the source (name and shape) and raises
+    ``error_type`` naming what is missing: a missing tensor is never a silent random init."""
+
+    error_type: type[Exception] = WeightSourceError
+    model_name = "model"
+    OWN = ("source", "skeleton")
+
+    def __init__(self, skeleton: nn.Module, source: WeightSource) -> None:
+        self.skeleton = skeleton
+        self.source = source
+        self._full: nn.Module | None = None
+        problems = self.name_problems()
+        if problems:
+            raise self.error_type(f"{source.describe()} does not match {self.model_name}: " + " | ".join(problems))
+
+    def name_problems(self) -> list[str]:
+        names = set(self.source.names())
+        missing, bad = [], []
+        for name, shape in parameter_shapes(self.skeleton).items():
+            if name not in names:
+                missing.append(name)
+            elif tuple(self.source.shape(name)) != tuple(shape):
+                bad.append(f"{name}: source {tuple(self.source.shape(name))} vs model {tuple(shape)}")
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensor(s): {sorted(missing)[:8]}"
+                         f"{' ...' if len(missing) > 8 else ''}")
+        if bad:
+            parts.append("shape mismatch: " + "; ".join(bad[:8]))
+        return parts
+
+    def part(self, path: str) -> nn.Module:
+        if self._full is not None:
+            return self._full.get_submodule(path)
+        return materialize(self.skeleton.get_submodule(path), self.source, path).eval()
+
+    def part_bytes(self, path: str) -> int:
+        """float32 bytes of submodule ``path``'s parameters (nothing is read)."""
+        return self.source.nbytes(path)
+
+    def _build_full(self) -> nn.Module:
+        raise NotImplementedError
+
+    def full(self) -> nn.Module:
+        if self._full is None:
+            self._full = self._build_full()
+        return self._full
+
+    @property
+    def is_materialized(self) -> bool:
+        return self._full is not None
+
+    def __getattr__(self, name: str):
+        # only reached for attributes this object lacks: delegate to the whole model
+        if name.startswith("_") or name in type(self).OWN:
+            raise AttributeError(name)
+        return getattr(self.full(), name)

@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Sequence
 
 from ncnnport.contract import ModuleSpec
 from ncnnport.convert.manifest import check_package, tool_versions, write_manifest
@@ -349,37 +349,3 @@ def torch_modules(prep: Prepared) -> dict[str, Any]:
     from ncnnport.runtime.session import TorchModule
     return {s.name: TorchModule(s.build(), s.to_json()) for s in prep.specs}
 
-
-class LazyTorchModules(Mapping[str, Any]):
-    """name -> TorchModule over the spec's wrapper, built on first lookup and held until
-    ``release(name)``. Why: at real size every ``build()`` reads its module's weights, so building
-    all wrappers up front holds a second copy of the whole model next to the ncnn one; parity
-    walks the specs one pair at a time instead."""
-
-    def __init__(self, specs: Sequence[ModuleSpec]) -> None:
-        self._specs = {s.name: s for s in specs}
-        self._built: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        mod = self._built.get(name)
-        if mod is None:
-            from ncnnport.runtime.session import TorchModule
-            spec = self._specs[name]  # KeyError for an unknown name, like a dict
-            mod = self._built[name] = TorchModule(spec.build(), spec.to_json())
-        return mod
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def release(self, name: str) -> None:
-        self._built.pop(name, None)
-
-    @property
-    def live(self) -> list[str]:
-        return list(self._built)

@@ -12,8 +12,8 @@ from ncnnport.fsutil import read_json, sha256_file
 from ncnnport.parity.local import local_parity
 from ncnnport.registry import E2EContext
 from ncnnport.runtime.options import FP32, RuntimeOptions
-from ncnnport.runtime.lazy_modules import LazyModules
-from ncnnport.stages import LazyTorchModules, Prepared, log
+from ncnnport.runtime.lazy_modules import LazyModules, LazyTorchModules
+from ncnnport.stages import Prepared, log
 
 SUMMARY_SCHEMA = 1
 

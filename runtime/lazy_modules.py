@@ -18,33 +18,19 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from ncnnport.runtime.options import FP32, RuntimeOptions
 
 
-class LazyModules(Mapping[str, Any]):
-    """name -> NcnnModule, opened on first ``[name]`` and held until ``release(name)``."""
+class _Resident(Mapping[str, Any]):
+    """name -> module, opened (``_open_module``) on first lookup and held until ``release(name)``;
+    every open and release is logged in ``events``."""
 
-    def __init__(self, package: Path, options: RuntimeOptions = FP32,
-                 names: Sequence[str] | None = None, *, _specs: Mapping[str, Any] | None = None) -> None:
-        from ncnnport.convert.manifest import check_package
-        from ncnnport.fsutil import read_json
-
-        self.package = Path(package)
-        self.options = options
-        if _specs is None:  # validated once here, never per open
-            problems = check_package(self.package)
-            if problems:
-                raise RuntimeError(f"package {self.package} does not match its manifest:\n  "
-                                   + "\n  ".join(problems))
-            _specs = {p.name[: -len(".spec.json")]: read_json(p)
-                      for p in sorted((self.package / "specs").glob("*.spec.json"))}
-        if names is not None:
-            unknown = [n for n in names if n not in _specs]
-            if unknown:
-                raise KeyError(f"package {self.package} has no graphs {unknown}")
-            _specs = {n: _specs[n] for n in names}
-        self._specs = dict(_specs)
+    def __init__(self, specs: Mapping[str, Any]) -> None:
+        self._specs = dict(specs)
         self._open: dict[str, Any] = {}
         self.events: list[tuple[str, str]] = []   # ("open" | "release", name), in order
         self.opens = 0
         self.peak_live = 0
+
+    def _open_module(self, name: str) -> Any:
+        raise NotImplementedError
 
     # --- Mapping ---------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -53,12 +39,7 @@ class LazyModules(Mapping[str, Any]):
             return mod
         if name not in self._specs:
             raise KeyError(name)
-        from ncnnport.runtime.session import NcnnModule
-
-        ncnn_dir = self.package / "ncnn"
-        mod = NcnnModule(ncnn_dir / f"{name}.ncnn.param", ncnn_dir / f"{name}.ncnn.bin",
-                         self._specs[name], self.options)
-        self._open[name] = mod
+        mod = self._open[name] = self._open_module(name)
         self.opens += 1
         self.events.append(("open", name))
         self.peak_live = max(self.peak_live, len(self._open))
@@ -98,9 +79,58 @@ class LazyModules(Mapping[str, Any]):
             peak = max(peak, len(live))
         return peak
 
+
+
+class LazyModules(_Resident):
+    """name -> NcnnModule, opened on first ``[name]`` and held until ``release(name)``."""
+
+    def __init__(self, package: Path, options: RuntimeOptions = FP32,
+                 names: Sequence[str] | None = None, *, _specs: Mapping[str, Any] | None = None) -> None:
+        from ncnnport.convert.manifest import check_package
+        from ncnnport.fsutil import read_json
+
+        self.package = Path(package)
+        self.options = options
+        if _specs is None:  # validated once here, never per open
+            problems = check_package(self.package)
+            if problems:
+                raise RuntimeError(f"package {self.package} does not match its manifest:\n  "
+                                   + "\n  ".join(problems))
+            _specs = {p.name[: -len(".spec.json")]: read_json(p)
+                      for p in sorted((self.package / "specs").glob("*.spec.json"))}
+        if names is not None:
+            unknown = [n for n in names if n not in _specs]
+            if unknown:
+                raise KeyError(f"package {self.package} has no graphs {unknown}")
+            _specs = {n: _specs[n] for n in names}
+        super().__init__(_specs)
+
+    def _open_module(self, name: str) -> Any:
+        from ncnnport.runtime.session import NcnnModule
+
+        ncnn_dir = self.package / "ncnn"
+        return NcnnModule(ncnn_dir / f"{name}.ncnn.param", ncnn_dir / f"{name}.ncnn.bin",
+                          self._specs[name], self.options)
+
     def spec(self, name: str) -> Mapping[str, Any]:
         return self._specs[name]
 
     def with_options(self, options: RuntimeOptions) -> "LazyModules":
         """The same package under other runtime options (nothing opened, no re-validation)."""
         return LazyModules(self.package, options, _specs=self._specs)
+
+
+class LazyTorchModules(_Resident):
+    """name -> TorchModule over the spec's wrapper, built on first lookup and held until
+    ``release(name)``. Why: at real size every ``build()`` reads its module's weights, so building
+    all wrappers up front holds a second copy of the whole model next to the ncnn one; parity
+    walks the specs one pair at a time instead."""
+
+    def __init__(self, specs: Sequence[Any]) -> None:
+        super().__init__({s.name: s for s in specs})
+
+    def _open_module(self, name: str) -> Any:
+        from ncnnport.runtime.session import TorchModule
+
+        spec = self._specs[name]
+        return TorchModule(spec.build(), spec.to_json())

@@ -8,7 +8,7 @@ validated against it, so pipelines, parity and benchmarks run unchanged on eithe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -111,12 +111,25 @@ class NcnnModule:
             raise NcnnError(f"module {self.name}: ncnn could not load weights {self.weights}")
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self.run_with(arrays)[0]
+
+    def run_with(self, arrays: Sequence[np.ndarray],
+                 borrow: Callable[[np.ndarray], Any] | None = None) -> tuple[list[np.ndarray], list[str]]:
+        """(outputs, names of the inputs handed over without a copy). ``borrow(a)`` may return an
+        ncnn Mat over ``a``'s memory (``runtime.zero_copy.ncnn_view``) or None to copy as usual;
+        every other check (sizes, input/extract return codes, output shapes) is the same."""
         sizes = infer_sizes(self.inputs, arrays, module=self.name)
         ex = self.net.create_extractor()
         alive = []  # ncnn.Mat borrows these buffers: keep them referenced until extraction ends
+        borrowed = []
         for t, a in zip(self.inputs, arrays):
-            mat, buf = to_mat(a, what=f"module {self.name}, input {t.name}")
-            alive.append((mat, buf))
+            mat = borrow(a) if borrow is not None else None
+            if mat is not None:
+                borrowed.append(t.name)
+                alive.append((mat, a))
+            else:
+                mat, buf = to_mat(a, what=f"module {self.name}, input {t.name}")
+                alive.append((mat, buf))
             if ex.input(t.name, mat) != 0:
                 raise NcnnError(f"module {self.name}: input blob {t.name!r} rejected")
         outs = []
@@ -127,7 +140,7 @@ class NcnnModule:
             arr = from_mat(mat, len(t.shape), what=f"module {self.name}, output {t.name}")
             outs.append(check_output(t, arr, sizes, module=self.name))
         del alive
-        return outs
+        return outs, borrowed
 
 
 class TorchModule:

@@ -24,8 +24,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ncnnport.runtime.mats import from_mat, to_mat
-from ncnnport.runtime.session import NcnnError, check_output, infer_sizes
 
 
 def _owner(array: np.ndarray) -> tuple[Any, np.ndarray] | None:
@@ -82,29 +80,7 @@ class ZeroCopyRunner:
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if len(arrays) != len(self.inputs):
             raise ValueError(f"module {self.name}: expected {len(self.inputs)} inputs, got {len(arrays)}")
-        sizes = infer_sizes(self.inputs, arrays, module=self.name)
-        ex = self.net.create_extractor()
-        alive = []  # copies and headers must outlive the extraction
-        borrowed = []
-        for t, a in zip(self.inputs, arrays):
-            mat = ncnn_view(a)
-            if mat is not None:
-                borrowed.append(t.name)
-                alive.append((mat, a))
-            else:
-                mat, buf = to_mat(a, what=f"module {self.name}, input {t.name}")
-                alive.append((mat, buf))
-            if ex.input(t.name, mat) != 0:
-                raise NcnnError(f"module {self.name}: input blob {t.name!r} rejected")
-        outs = []
-        for t in self.outputs:
-            rc, mat = ex.extract(t.name)
-            if rc != 0:
-                raise NcnnError(f"module {self.name}: extract({t.name!r}) returned {rc} at sizes {sizes}")
-            arr = from_mat(mat, len(t.shape), what=f"module {self.name}, output {t.name}")
-            outs.append(check_output(t, arr, sizes, module=self.name))
-        del alive
-        self.borrowed = borrowed
+        outs, self.borrowed = self.module.run_with(arrays, borrow=ncnn_view)
         return outs
 
 

@@ -12,79 +12,36 @@ for: ``full()``, or any attribute the object does not have itself (``model.gener
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
 from transformers import Qwen3ASRConfig, Qwen3ASRForConditionalGeneration
 
-from ncnnport.lazy_weights import (SafetensorsSource, SeededSource, WeightSource, empty_module, materialize,
-                                   parameter_shapes)
+from ncnnport.lazy_weights import (LazyModel, SafetensorsSource, SeededSource, WeightSource, empty_module,
+                                   materialize, parameter_shapes)
 
 EMBED = "model.language_model.embed_tokens.weight"
 HEAD = "lm_head.weight"
 
 
-class LazyQwen3ASR:
+class LazyQwen3ASR(LazyModel):
+    model_name = "Qwen3ASRForConditionalGeneration"
+    OWN = ("config", "source", "skeleton", "generation_config")
+
     def __init__(self, config: Qwen3ASRConfig, source: WeightSource, *, strict_folder: Path | None = None) -> None:
+        from ncnnport.models.qwen3_asr.checkpoint import CheckpointError
+
+        self.error_type = CheckpointError
         self.config = config
-        self.source = source
-        self.skeleton = empty_module(lambda: Qwen3ASRForConditionalGeneration(config)).eval()
-        self.generation_config = self.skeleton.generation_config
         self._strict_folder = strict_folder
-        self._full: Qwen3ASRForConditionalGeneration | None = None
-        self._check_names()
+        super().__init__(empty_module(lambda: Qwen3ASRForConditionalGeneration(config)).eval(), source)
+        self.generation_config = self.skeleton.generation_config
 
-    def _check_names(self) -> None:
-        """Every parameter of the skeleton must exist in the source with its shape (a missing
-        tensor is an error naming it, never a random init)."""
-        missing, bad = [], []
-        names = set(self.source.names())
-        for name, shape in parameter_shapes(self.skeleton).items():
-            if name not in names:
-                missing.append(name)
-            elif tuple(self.source.shape(name)) != tuple(shape):
-                bad.append(f"{name}: source {self.source.shape(name)} vs model {shape}")
-        if missing or bad:
-            from ncnnport.models.qwen3_asr.checkpoint import CheckpointError, _fmt_keys
-            parts = []
-            if missing:
-                parts.append(f"missing {len(missing)} tensor(s): {_fmt_keys(missing)}")
-            if bad:
-                parts.append(f"shape mismatch: {'; '.join(bad[:8])}")
-            raise CheckpointError(f"{self.source.describe()} does not match Qwen3ASRForConditionalGeneration: "
-                                  + " | ".join(parts))
-
-    # --- one module at a time ---------------------------------------------------------------
-    def part(self, path: str) -> torch.nn.Module:
-        """A copy of submodule ``path`` with its weights read from the source (eval mode)."""
-        return materialize(self.skeleton.get_submodule(path), self.source, path).eval()
-
-    def part_bytes(self, path: str) -> int:
-        """float32 bytes of submodule ``path``'s parameters (nothing is read)."""
-        return self.source.nbytes(path)
-
-    # --- the whole model, on demand ---------------------------------------------------------
-    def full(self) -> Qwen3ASRForConditionalGeneration:
-        if self._full is None:
-            if self._strict_folder is not None:
-                from ncnnport.models.qwen3_asr.checkpoint import load_checkpoint
-                self._full, _ = load_checkpoint(self._strict_folder)
-            else:
-                model = materialize(self.skeleton, self.source, "")
-                if self.config.tie_word_embeddings:
-                    model.tie_weights()
-                self._full = model.float().eval()
-        return self._full
-
-    @property
-    def is_materialized(self) -> bool:
-        return self._full is not None
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached for attributes this object lacks: delegate to the full HF model
-        if name.startswith("_") or name in ("config", "source", "skeleton", "generation_config"):
-            raise AttributeError(name)
-        return getattr(self.full(), name)
+    def _build_full(self) -> Qwen3ASRForConditionalGeneration:
+        if self._strict_folder is not None:
+            from ncnnport.models.qwen3_asr.checkpoint import load_checkpoint
+            return load_checkpoint(self._strict_folder)[0]
+        model = materialize(self.skeleton, self.source, "")
+        if self.config.tie_word_embeddings:
+            model.tie_weights()
+        return model.float().eval()
 
 
 def seeded(config: Qwen3ASRConfig, seed: int) -> LazyQwen3ASR:

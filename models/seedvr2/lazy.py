@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ncnnport.lazy_weights import (InitRule, SeededSource, WeightSource, WeightSourceError, empty_module,
+from ncnnport.lazy_weights import (InitRule, SafetensorsSource, SeededSource, WeightSource, WeightSourceError, empty_module,
                                    parameter_shapes)
 from ncnnport.models.seedvr2.config import SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT
@@ -197,7 +197,7 @@ def seeded(config: SeedVR2Config, seed: int, rule: InitRule | None = None) -> La
     return LazySeedVR2(config, SeededSource(shapes, rule or init_rule, seed=seed), truncated=True)
 
 
-class FolderSource(WeightSource):
+class FolderSource(SafetensorsSource):
     """A checkpoint folder of this project's layout (``model.py``): ``dit*.safetensors``,
     ``vae*.safetensors``, ``text.safetensors``; names get a ``dit.`` / ``vae.`` / ``text.``
     prefix. Tensors are read one by one with ``safe_open`` (nothing stays mapped between reads);
@@ -206,7 +206,7 @@ class FolderSource(WeightSource):
     PREFIXES = {"dit": "dit*.safetensors", "vae": "vae*.safetensors", "text": "text.safetensors"}
 
     def __init__(self, folder: Path) -> None:
-        super().__init__()
+        WeightSource.__init__(self)  # the layout differs from SafetensorsSource's: no shared scan
         from safetensors import safe_open
 
         self.folder = Path(folder)
@@ -225,20 +225,8 @@ class FolderSource(WeightSource):
                         self.files[name] = shard
                         self._shapes[name] = tuple(f.get_slice(k).get_shape())
 
-    def _names(self) -> list[str]:
-        return list(self._shapes)
-
-    def _shape(self, name: str) -> tuple[int, ...]:
-        return self._shapes[name]
-
-    def _load(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_tensor(name.split(".", 1)[1])
-
-    def describe(self) -> str:
-        return f"checkpoint {self.folder}"
+    def _key(self, name: str) -> str:
+        return name.split(".", 1)[1]  # "dit.blocks.0..." is "blocks.0..." in dit*.safetensors
 
 
 def from_folder(folder: Path, layers: int | None = None) -> LazySeedVR2:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
-from ncnnport.lazy_weights import (Init, SafetensorsSource, SeededSource, WeightSource, empty_module,
+from ncnnport.lazy_weights import (Init, LazyModel, SafetensorsSource, SeededSource, WeightSource, empty_module,
                                    materialize, parameter_shapes)
 from ncnnport.models.youtu_vl.checkpoint import IGNORED_KEYS, TIED_KEY, CheckpointError
 from ncnnport.models.youtu_vl.config import YoutuVLConfig
@@ -71,42 +71,15 @@ def seeded_init_rule(skeleton: nn.Module) -> Callable[[str, tuple[int, ...]], In
     return rule
 
 
-class LazyYoutuVL:
+class LazyYoutuVL(LazyModel):
+    error_type = CheckpointError
+    model_name = "the youtu-vl config"
+    OWN = ("cfg", "source", "skeleton")
+
     def __init__(self, cfg: YoutuVLConfig, source: WeightSource, *, strict_folder: Path | None = None) -> None:
         self.cfg = cfg
-        self.source = source
-        self.skeleton = empty_module(lambda: YoutuVL(cfg))
         self._strict_folder = strict_folder
-        self._full: YoutuVL | None = None
-        self._check_names()
-
-    def _check_names(self) -> None:
-        """Every parameter must exist in the source with its shape: a missing tensor is an error
-        naming it, never a silent random init."""
-        names = set(self.source.names())
-        missing, bad = [], []
-        for name, shape in parameter_shapes(self.skeleton).items():
-            if name not in names:
-                missing.append(name)
-            elif tuple(self.source.shape(name)) != tuple(shape):
-                bad.append(f"{name}: source {tuple(self.source.shape(name))} vs config {tuple(shape)}")
-        if missing or bad:
-            parts = []
-            if missing:
-                parts.append(f"{len(missing)} missing tensor(s) {sorted(missing)[:8]}")
-            if bad:
-                parts.append("shape mismatch: " + "; ".join(bad[:8]))
-            raise CheckpointError(f"{self.source.describe()} does not match the youtu-vl config: "
-                                  + " | ".join(parts))
-
-    # --- one module at a time -------------------------------------------------------------------
-    def part(self, path: str) -> nn.Module:
-        """A copy of submodule ``path`` with its weights read from the source (eval mode). Once the
-        whole model exists (``full()``), its submodule is returned instead: wrappers built after
-        the reference share its weights rather than holding a second copy."""
-        if self._full is not None:
-            return self._full.part(path)
-        return materialize(self.skeleton.get_submodule(path), self.source, path).eval()
+        super().__init__(empty_module(lambda: YoutuVL(cfg)), source)
 
     def head_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows of the (tied) lm_head weight, read without the rest of the table."""
@@ -114,33 +87,15 @@ class LazyYoutuVL:
             return self._full.head_rows(start, stop)
         return self.source.get_rows(TIED_KEY, start, stop)
 
-    def part_bytes(self, path: str) -> int:
-        """float32 bytes of submodule ``path``'s parameters (nothing is read)."""
-        return self.source.nbytes(path)
-
-    # --- the whole model, on demand -------------------------------------------------------------
-    def full(self) -> YoutuVL:
-        if self._full is None:
-            if self._strict_folder is not None:
-                from ncnnport.models.youtu_vl.checkpoint import load_checkpoint
-                self._full, _ = load_checkpoint(self._strict_folder)
-            else:
-                vl = materialize(self.skeleton, self.source, "")
-                vl.tie_weights()
-                vl.eval()
-                vl.llm.eval()
-                self._full = vl
-        return self._full
-
-    @property
-    def is_materialized(self) -> bool:
-        return self._full is not None
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached for attributes this object lacks: delegate to the whole model
-        if name.startswith("_") or name in ("cfg", "source", "skeleton"):
-            raise AttributeError(name)
-        return getattr(self.full(), name)
+    def _build_full(self) -> YoutuVL:
+        if self._strict_folder is not None:
+            from ncnnport.models.youtu_vl.checkpoint import load_checkpoint
+            return load_checkpoint(self._strict_folder)[0]
+        vl = materialize(self.skeleton, self.source, "")
+        vl.tie_weights()
+        vl.eval()
+        vl.llm.eval()
+        return vl
 
 
 def _aliases(cfg: YoutuVLConfig) -> dict[str, str]:

@@ -34,6 +34,22 @@ def deinterleave_rows(n_rope: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, n_rope, 2), torch.arange(1, n_rope, 2)])
 
 
+def vision_block(blk: nn.Module, h: torch.Tensor, c: torch.Tensor, s: torch.Tensor, heads: int, head_dim: int,
+                 hidden: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One pre-LN vision block on ``[1,N,D]`` (RoPE tables ``[1,1,N,head_dim]``, optional additive
+    window mask), written as SDPA + rotate_half so pnnx fuses RotaryEmbed and SDPA."""
+    a = blk.self_attn
+    y = blk.layer_norm1(h)
+    q = a.q_proj(y).view(1, -1, heads, head_dim).transpose(1, 2)
+    k = a.k_proj(y).view(1, -1, heads, head_dim).transpose(1, 2)
+    v = a.v_proj(y).view(1, -1, heads, head_dim).transpose(1, 2)
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scale)
+    h = h + a.out_proj(o.transpose(1, 2).reshape(1, -1, hidden))
+    return h + blk.mlp(blk.layer_norm2(h))
+
+
 class VisionTowerGraph(nn.Module):
     """Patch embedding + all blocks + post-LN, on patches already in window order.
 
@@ -58,18 +74,8 @@ class VisionTowerGraph(nn.Module):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         mask = window_mask.unsqueeze(1)
         for i, blk in enumerate(self.blocks):
-            a = blk.self_attn
-            x = blk.layer_norm1(h)
-            q = a.q_proj(x).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            k = a.k_proj(x).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            v = a.v_proj(x).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            q = q * c + rotate_half(q) * s
-            k = k * c + rotate_half(k) * s
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if i in self.full else mask,
-                                               scale=a.scale)
-            o = o.transpose(1, 2).reshape(1, -1, self.hidden)
-            h = h + a.out_proj(o)
-            h = h + blk.mlp(blk.layer_norm2(h))
+            h = vision_block(blk, h, c, s, self.heads, self.head_dim, self.hidden,
+                             None if i in self.full else mask)
         return self.post_layernorm(h)
 
 
@@ -96,16 +102,7 @@ class VisionSegmentGraph(nn.Module):
         h = self.embed(x) if self.embed is not None else x
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         for blk in self.blocks:
-            a = blk.self_attn
-            y = blk.layer_norm1(h)
-            q = a.q_proj(y).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            k = a.k_proj(y).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            v = a.v_proj(y).view(1, -1, self.heads, self.head_dim).transpose(1, 2)
-            q = q * c + rotate_half(q) * s
-            k = k * c + rotate_half(k) * s
-            o = F.scaled_dot_product_attention(q, k, v, scale=a.scale)
-            h = h + a.out_proj(o.transpose(1, 2).reshape(1, -1, self.hidden))
-            h = h + blk.mlp(blk.layer_norm2(h))
+            h = vision_block(blk, h, c, s, self.heads, self.head_dim, self.hidden)
         return self.post_layernorm(h) if self.post_layernorm is not None else h
 
 
