@@ -68,6 +68,11 @@ class Policy:
         """A scalar gate such as ``min_tokens``."""
         return self._mode(precision).get("numbers", {}).get(key, default)
 
+    def trace_gate(self, precision: str = "fp32") -> str:
+        """What fails the first-divergence trace: "propagated" (default) or "local" (see
+        ``parity.trace``)."""
+        return str(self._mode(precision).get("trace", {}).get("gate", "propagated"))
+
     def token_gate(self, precision: str = "fp32") -> dict[str, Any]:
         """How greedy tokens are judged in this precision mode (default: exact match)."""
         return dict(self._mode(precision).get("tokens", {"mode": "exact"}))

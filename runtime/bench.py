@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -154,3 +154,19 @@ def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[
             drift_pct_per_100=100.0 * slope * 100.0 / med, drift_ci_pct_per_100=100.0 * ci * 100.0 / med,
             rss_growth_mb=growth, identical_outputs=not bad[name], mismatched_calls=bad[name], times_ms=ts)
     return results
+
+
+def print_fidelity(model: str, stage: str, size: str, got: np.ndarray, ref: np.ndarray, tol: Any) -> bool:
+    """One line: a reduced-precision bench stage's output against the fp32 graphs on the same
+    inputs, judged by the policy's budget ``tol`` (a Tolerance), so a speed number never comes
+    without the fidelity it was bought with. Returns whether it is within the budget."""
+    from ncnnport.parity.metrics import compare
+
+    st = compare(ref, got)
+    rel = st.max_abs / max(st.ref_absmax, 1e-30)
+    ok = st.cosine >= tol.min_cosine and st.max_abs <= tol.max_abs_allowed(st.ref_absmax)
+    top = "" if got.size < 1000 else f", top-1 {'same' if int(got.argmax()) == int(ref.argmax()) else 'DIFFERS'}"
+    print(f"[{model}] {stage}@{size} vs fp32 graphs: cosine {st.cosine:.7f}, max_abs {st.max_abs:.2e} "
+          f"(rel {rel:.2e}){top}; budget cosine >= {tol.min_cosine}, max_abs_rel <= {tol.max_abs_rel}: "
+          f"{'within' if ok else 'OUTSIDE'}", flush=True)
+    return ok

@@ -65,17 +65,10 @@ def filled_cache(pipe: Any, past: int, seed: int = 0):
 
 def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
     from ncnnport.models.qwen3_asr.port import PORT
-    from ncnnport.parity.metrics import compare
     from ncnnport.parity.policy import Policy
+    from ncnnport.runtime.bench import print_fidelity
 
-    tol = Policy.load(PORT.policy_path).default("fp16")
-    st = compare(ref, got)
-    rel = st.max_abs / max(st.ref_absmax, 1e-30)
-    ok = st.cosine >= tol.min_cosine and st.max_abs <= tol.max_abs_allowed(st.ref_absmax)
-    top = "" if got.size < 1000 else f", top-1 {'same' if int(got.argmax()) == int(ref.argmax()) else 'DIFFERS'}"
-    print(f"[qwen3-asr] {stage}@{size} vs fp32 graphs: cosine {st.cosine:.7f}, max_abs {st.max_abs:.2e} "
-          f"(rel {rel:.2e}){top}; fp16 budget cosine >= {tol.min_cosine}, max_abs_rel <= {tol.max_abs_rel}: "
-          f"{'within' if ok else 'OUTSIDE'}", flush=True)
+    print_fidelity("qwen3-asr", stage, size, got, ref, Policy.load(PORT.policy_path).default("fp16"))
 
 
 def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> Callable[[], list[np.ndarray]]:

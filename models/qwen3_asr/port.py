@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ncnnport.parity.local import recorded_parity
-from ncnnport.parity.records import stage_record, token_record
+from ncnnport.parity.records import noise_relative_tolerance, stage_record, token_record
 from ncnnport.parity.tokens import teacher_forced_stats
 from ncnnport.registry import E2EContext, LoadedModel, ModelPort
 from ncnnport.runtime.recording import RecordingRunner
@@ -61,14 +61,15 @@ class Qwen3ASRPort(ModelPort):
         processor = ctx.loaded.extra["processor"]
         policy, prec = ctx.policy, ctx.precision
         n_tokens = int(policy.number("min_tokens", 64, prec))
-        ncnn_pipe = make_pipeline(ctx.ncnn_modules, model)
-        recorders = {n: RecordingRunner(r, limit=8) for n, r in ctx.torch_modules.items()}
-        torch_pipe = make_pipeline(recorders, model)
-
         cases: list[tuple[str, np.ndarray, float | None]] = [
             (name, synth_speechlike(fx["seconds"], fx["seed"]), fx["max_seconds"])
             for name, fx in fixtures_for(ctx.loaded.preset, ctx.loaded.ckpt).items()]
         cases += [(f"input:{Path(p).name}", read_audio(p), None) for p in ctx.user_inputs]
+        float64_refs = self._float64_prefill(model, processor, cases, policy, prec)  # before any graph opens
+
+        ncnn_pipe = make_pipeline(ctx.ncnn_modules, model)
+        recorders = {n: RecordingRunner(r, limit=8) for n, r in ctx.torch_modules.items()}
+        torch_pipe = make_pipeline(recorders, model)
 
         records: list[dict[str, Any]] = []
         trace_fixture = cases[0][0]
@@ -92,8 +93,8 @@ class Qwen3ASRPort(ModelPort):
                                             policy.stage("audio_embeds", prec),
                                             windows=int(np.ceil(run.encoded["conv"].shape[0] / (13 * ncnn_pipe.window_chunks)))))
                 ref_ids, ref_logits = greedy_generate(model, prompt, n_tokens, min_new_tokens=n_tokens)
-                records.append(stage_record(label, "prefill_logits", ref_logits[0], run.generation.prefill_logits,
-                                            policy.stage("logits", prec)))
+                records.append(self._prefill_logits_record(label, float64_refs.get((fixture, i)), prompt, ref_logits[0],
+                                                           run.generation.prefill_logits, policy, prec))
                 forced = ncnn_pipe.generate(run.input_ids, run.encoded["audio_embeds"], len(ref_ids),
                                             keep_logits=True, forced=ref_ids)
                 tf = teacher_forced_stats(list(ref_logits), forced.step_logits)
@@ -124,33 +125,70 @@ class Qwen3ASRPort(ModelPort):
     def _trace(label: str, model: Any, run: Any, forced: list[int], ctx: E2EContext) -> dict[str, Any]:
         """Call-by-call first-divergence trace of one chunk, teacher-forced on the reference."""
         from ncnnport.models.qwen3_asr.runtime import make_pipeline
-        from ncnnport.parity.trace import first_divergence
+        from ncnnport.parity.trace import first_divergence, policy_gates
 
         def pipeline_run(modules):
             pipe = make_pipeline(modules, model)
             enc = pipe.encode(run.features, run.mask)
             pipe.generate(run.input_ids, enc["audio_embeds"], len(forced), forced=forced)
 
-        default = ctx.policy.default(ctx.precision)
-        tols = {n: ctx.policy.module(n, ctx.precision) for n in ctx.ncnn_modules}
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
-                                lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
-                                keep_dir=ctx.package_dir.parent / "trace")
+                                policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
+                                keep_dir=ctx.package_dir.parent / "trace", gate=ctx.policy.trace_gate(ctx.precision))
 
     @staticmethod
     def _log_mel_record(label, prompt, run, processor, policy, prec) -> dict[str, Any]:
-        """numpy log-mel vs HF, gated at max(policy floor, 1.1 x HF's own float32 noise)."""
-        import dataclasses
-
+        """numpy log-mel vs HF, gated at max(policy floor, factor x HF's own float32 noise)."""
         from ncnnport.models.qwen3_asr.features import pad_to_min_length
         from ncnnport.models.qwen3_asr.mel_reference import hf_float32_noise
 
         base = policy.stage("log_mel", prec)
+        factor = float(policy.number("log_mel_noise_factor", 1.1, prec))
         noise = hf_float32_noise(prompt.input_features, prompt.input_features_mask,
                                  pad_to_min_length(run.chunk.samples), processor.feature_extractor.mel_filters)
-        tol = dataclasses.replace(base, max_abs_floor=max(base.max_abs_floor, 1.1 * noise))
-        return stage_record(label, "log_mel", prompt.input_features, run.features, tol,
-                            hf_float32_noise=noise, policy_floor=base.max_abs_floor)
+        return stage_record(label, "log_mel", prompt.input_features, run.features,
+                            noise_relative_tolerance(base, noise, factor),
+                            hf_float32_noise=noise, noise_factor=factor, policy_floor=base.max_abs_floor)
+
+    @staticmethod
+    def _float64_prefill(model, processor, cases, policy, prec) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+        """(fixture, chunk index) -> (prompt ids, first-step logits of the same model in float64),
+        for the noise-relative logits gate; empty when the policy has no ``logits_noise_factor``.
+
+        Computed before any ncnn graph is open: at full depth the float64 model (converted in
+        place, 2x the fp32 weights) next to every open graph peaked at 22 GB of this 23 GB machine."""
+        from ncnnport.models.qwen3_asr.chunking import MAX_ASR_INPUT_SECONDS, split_audio
+        from ncnnport.models.qwen3_asr.features import SAMPLE_RATE
+        from ncnnport.models.qwen3_asr.prompt import build_prompt
+        from ncnnport.models.qwen3_asr.reference import prefill_logits_float64
+
+        if float(policy.number("logits_noise_factor", 0.0, prec)) <= 0:
+            return {}
+        out = {}
+        for fixture, wave, limit in cases:
+            chunks = split_audio(np.asarray(wave, np.float32), SAMPLE_RATE, max_seconds=limit or MAX_ASR_INPUT_SECONDS)
+            for i, chunk in enumerate(chunks):
+                prompt = build_prompt(processor, chunk.samples)
+                out[(fixture, i)] = (prompt.input_ids, prefill_logits_float64(model.full(), prompt))
+        return out
+
+    @staticmethod
+    def _prefill_logits_record(label, exact, prompt, ref_logits, ours, policy, prec) -> dict[str, Any]:
+        """First-step logits vs transformers fp32, gated at max(policy gate, factor x the
+        reference's own fp32 error): transformers' logits against the same model in float64
+        (``exact`` = (prompt ids, float64 logits) from :meth:`_float64_prefill`), measured on this
+        prompt. The port's own distance to float64 is recorded next to it."""
+        base = policy.stage("logits", prec)
+        factor = float(policy.number("logits_noise_factor", 0.0, prec))
+        if factor <= 0:
+            return stage_record(label, "prefill_logits", ref_logits, ours, base)
+        if exact is None or not np.array_equal(exact[0], prompt.input_ids):
+            raise RuntimeError(f"{label}: the float64 reference was computed for another prompt")
+        logits64 = exact[1]
+        noise = float(np.abs(np.asarray(ref_logits, np.float64) - logits64).max())
+        return stage_record(label, "prefill_logits", ref_logits, ours, noise_relative_tolerance(base, noise, factor),
+                            hf_float32_noise=noise, noise_factor=factor, policy_floor=base.max_abs_floor,
+                            ncnn_vs_float64_max_abs=float(np.abs(np.asarray(ours, np.float64) - logits64).max()))
 
     # --- bench -------------------------------------------------------------------------------
     def bench_stages(self) -> dict[str, list[str]]:

@@ -9,7 +9,9 @@ a near tie.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -97,6 +99,38 @@ def greedy_generate(
     if logits.shape[0] != len(new_ids):
         raise RuntimeError(f"generate returned {len(new_ids)} tokens but {logits.shape[0]} logit rows")
     return new_ids, logits
+
+
+@contextmanager
+def float64_weights(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Run ``model`` in float64 for the duration, converted in place and back.
+
+    Why in place: at full depth a float64 copy next to the float32 model would add 2x the
+    weights on top of what parity already holds; converting in place adds 1x at the peak.
+    float32 -> float64 -> float32 is exact, so the model is bit-identical afterwards (and so are
+    the torch wrappers that share its parameters)."""
+    model.double()
+    try:
+        yield model
+    finally:
+        model.float()
+
+
+@torch.no_grad()
+def prefill_logits_float64(model: torch.nn.Module, prompt: PromptInputs) -> np.ndarray:
+    """The first generated step's logits [vocab] of the same model and prompt computed in float64:
+    the exact value the fp32 reference and the port both approximate (see
+    ``parity.records.noise_relative_tolerance``)."""
+    input_ids = torch.from_numpy(prompt.input_ids)[None]
+    with float64_weights(model):
+        out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                    input_features=torch.from_numpy(prompt.input_features).double(),
+                    input_features_mask=torch.from_numpy(prompt.input_features_mask).to(torch.long),
+                    logits_to_keep=1)
+    logits = out.logits[0, -1]
+    if logits.dtype != torch.float64:
+        raise RuntimeError(f"float64 reference came back as {logits.dtype}")
+    return logits.numpy()
 
 
 def transcribe_chunk(

@@ -327,7 +327,7 @@ class SeedVR2Port(ModelPort):
         """Call-by-call first-divergence trace: the pipeline on the torch wrappers vs on ncnn."""
         from ncnnport.models.seedvr2.pipeline import restore
         from ncnnport.models.seedvr2.runner import GraphBackend
-        from ncnnport.parity.trace import first_divergence
+        from ncnnport.parity.trace import first_divergence, policy_gates
 
         ref = ctx.loaded.reference
         txt = ref.text.numpy()
@@ -335,11 +335,10 @@ class SeedVR2Port(ModelPort):
         def pipeline_run(modules: Mapping[str, Any]) -> None:
             restore(ref.config, GraphBackend(ref.config, modules.__getitem__), video, txt, seed=seed, area=area)
 
-        default = ctx.policy.default(ctx.precision) if ctx.policy else Tolerance()
-        tols = {n: ctx.policy.module(n, ctx.precision) for n in ctx.ncnn_modules} if ctx.policy else {}
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
-                                lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
-                                keep_dir=ctx.package_dir.parent / "trace")
+                                policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
+                                keep_dir=ctx.package_dir.parent / "trace",
+                                gate=ctx.policy.trace_gate(ctx.precision) if ctx.policy else "propagated")
 
     def _precision_records(self, ctx: E2EContext, label: str, video: np.ndarray, seed: int, area: int,
                            ref_frames: np.ndarray, fp32_frames: np.ndarray,

@@ -79,3 +79,24 @@ def test_a_run_with_no_e2e_records_does_not_pass(toy_package, tmp_path):
     assert all(r["passed"] for r in summary["modules"]) and summary["e2e"] == []
     assert not summary["gates_passed"]
     assert run_parity(prep, pkg, skip_e2e=True)["gates_passed"]
+
+
+def test_noise_relative_gate_follows_the_measured_reference_noise():
+    import pytest
+
+    from ncnnport.parity.records import noise_relative_tolerance, stage_record
+
+    base = Tolerance(min_cosine=0.999, max_abs_rel=1e-4, max_abs_floor=1e-6)
+    ref = np.linspace(-10, 10, 101)
+    cand = ref.copy()
+    cand[50] += 5e-3  # 2.5e-4 of max|ref|: above the fixed relative gate (1e-3 absolute)
+    assert not stage_record("f", "logits", ref, cand, base)["passed"]
+    # the reference's own fp32 error on this input was 2e-3: 4x that admits 5e-3 ...
+    assert stage_record("f", "logits", ref, cand, noise_relative_tolerance(base, 2e-3, 4.0))["passed"]
+    # ... but not when the reference was quiet (the base gate stays the floor) ...
+    assert noise_relative_tolerance(base, 1e-9, 4.0) == base
+    assert not stage_record("f", "logits", ref, cand, noise_relative_tolerance(base, 1e-4, 4.0))["passed"]
+    # ... and an unmeasured noise is an error, never a pass
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError):
+            noise_relative_tolerance(base, bad, 4.0)

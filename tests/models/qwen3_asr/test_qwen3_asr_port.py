@@ -60,6 +60,11 @@ def test_windows_and_log_mel_are_measured(summary):
     assert stages[("speech_65s", "audio_embeds")]["windows"] >= 6
     mel = stages[("speech_2s", "log_mel")]
     assert mel["max_abs"] <= max(1e-5, 1.1 * mel["hf_float32_noise"])
+    for r in (r for r in summary["e2e"] if r["stage"] == "prefill_logits"):
+        # gated at max(1e-4 relative, 4x transformers' own fp32-vs-float64 error on that prompt)
+        assert 0 < r["hf_float32_noise"] and r["noise_factor"] == 4.0
+        assert r["tolerance"]["max_abs_floor"] == max(r["policy_floor"], 4.0 * r["hf_float32_noise"])
+        assert r["ncnn_vs_float64_max_abs"] > 0 and r["max_abs"] <= 1e-4 * r["ref_absmax"]
 
 
 def test_manifest_records_versions_commands_and_check_catches_tampering(built, tmp_path):

@@ -81,3 +81,20 @@ def test_long_audio_uses_the_cut_rule(tiny_loaded) -> None:
     assert result.chunks[0].chunk.start == 0 and result.chunks[-1].chunk.end == wave.size
     assert all(a.chunk.end == b.chunk.start for a, b in zip(result.chunks, result.chunks[1:]))
     assert all(c.prompt.input_features_mask.sum() >= 50 for c in result.chunks)  # >= 0.5 s each
+
+
+def test_float64_prefill_reference_is_exact_and_leaves_the_model_unchanged(tiny_loaded) -> None:
+    """The float64 logits are the same model's (close to the fp32 first step, not bit-equal:
+    really computed in float64), and the in-place round trip restores every weight bit for bit."""
+    from ncnnport.models.qwen3_asr.reference import greedy_generate, prefill_logits_float64
+
+    model, processor = tiny_loaded
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompt = build_prompt(processor, speech_like(2.0, seed=3))
+    _, fp32 = greedy_generate(model, prompt, 1)
+    exact = prefill_logits_float64(model, prompt)
+    assert exact.dtype == np.float64 and exact.shape == fp32[0].shape
+    noise = np.abs(fp32[0].astype(np.float64) - exact).max()
+    assert 0 < noise < 1e-4 * np.abs(exact).max()
+    after = model.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())
