@@ -7,6 +7,7 @@ weights. pnnx exits 0 on graphs ncnn cannot load, so its output is always parsed
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -15,9 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ncnnport.contract import patches_from_json, tensor_specs_from_json
+from ncnnport.contract import (patches_from_json, tensor_specs_from_json, variant_param_name,
+                               variants_from_json)
 from ncnnport.convert.param_file import ParamError, check_loadable, read_param
 from ncnnport.convert.patches import apply_patches
+from ncnnport.convert.rewrites import apply_rewrites
 
 PNNX_DTYPES = {"float32": "f32", "int32": "i32"}
 
@@ -106,6 +109,7 @@ def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
         _rename_blobs(graph, mapping, module=name)
         receipts = apply_patches(graph, patches_from_json(spec.get("patches", [])), module=name)
         graph.write(out_dir / f"{name}.ncnn.param")
+        variants = write_variants(graph, spec, out_dir)
         _atomic_copy(weights, out_dir / f"{name}.ncnn.bin")
         if keep_workdir is not None:
             shutil.copytree(work, keep_workdir / name, dirs_exist_ok=True)
@@ -114,7 +118,22 @@ def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
         counts[t] = counts.get(t, 0) + 1
     return {"module": name, "command": ["pnnx", f"{name}.pt", *args], "returncode": returncode,
             "seconds": round(seconds, 3), "pnnx_peak_rss_mb": round(pnnx_peak / 2**20, 1),
-            "layer_types": dict(sorted(counts.items())), "patches": receipts}
+            "layer_types": dict(sorted(counts.items())), "patches": receipts, "variants": variants}
+
+
+def write_variants(graph, spec: Mapping[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """Write each of the spec's graph variants (``<name>.<variant>.ncnn.param``, sharing
+    ``<name>.ncnn.bin``): the patched graph with the variant's rewrites; one receipt each."""
+    name = spec["name"]
+    out = []
+    for variant in variants_from_json(spec.get("variants", [])):
+        derived = copy.deepcopy(graph)
+        receipts = apply_rewrites(derived, variant.rewrites, module=f"{name}.{variant.name}")
+        check_loadable(derived, module=f"{name}.{variant.name}")
+        derived.write(out_dir / variant_param_name(name, variant.name))
+        out.append({"variant": variant.name, "param": variant_param_name(name, variant.name),
+                    "rewrites": receipts})
+    return out
 
 
 def _run_measured(cmd: list[str], cwd: Path, env: Mapping[str, str]) -> tuple[int, str, int]:

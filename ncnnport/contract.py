@@ -92,6 +92,41 @@ class ParamPatch:
 
 
 @dataclass(frozen=True)
+class GraphVariant:
+    """A second param file over the same weights: the module's graph with named rewrites applied.
+
+    Why: the best ncnn op for a layer depends on how it is called. pnnx turns a Linear on
+    ``[1, seq, H]`` into ``Gemm``, which is fast for multi-row prefill but has no fp16-weight path
+    on x86; ``InnerProduct`` reads fp16 weights (half the bytes of a bandwidth-bound decode step)
+    but is several times slower on many rows. A variant is written as
+    ``<module>.<variant>.ncnn.param`` next to the module's ``.bin``, so the weights are stored once
+    and a runtime opens whichever graph suits the call. ``rewrites`` name functions in
+    ``ncnnport.convert.rewrites``; ``sizes`` are the axis sizes the variant serves, where local
+    parity runs it against the same torch wrapper (empty: every parity size of the module).
+    """
+
+    name: str
+    rewrites: tuple[str, ...]
+    sizes: tuple[Mapping[str, int], ...] = ()
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z0-9_]+", self.name):
+            raise ValueError(f"graph variant name {self.name!r}: use lowercase letters, digits, '_'")
+        if not self.rewrites:
+            raise ValueError(f"graph variant {self.name!r}: names no rewrite, so it would equal the base graph")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "rewrites": list(self.rewrites), "sizes": [dict(s) for s in self.sizes],
+                "why": self.why}
+
+
+def variant_param_name(module: str, variant: str) -> str:
+    """File name of a module's variant graph (it shares ``<module>.ncnn.bin``)."""
+    return f"{module}.{variant}.ncnn.param"
+
+
+@dataclass(frozen=True)
 class Tolerance:
     """Gate for one module output: cosine floor and max_abs relative to max |reference|."""
 
@@ -133,6 +168,7 @@ class ModuleSpec:
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     notes: str = ""
     single_size_reason: str = ""
+    variants: list[GraphVariant] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
@@ -153,6 +189,14 @@ class ModuleSpec:
         names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
         if len(set(names)) != len(names):
             raise ValueError(f"module {self.name}: duplicate tensor names {names}")
+        variant_names = [v.name for v in self.variants]
+        if len(set(variant_names)) != len(variant_names):
+            raise ValueError(f"module {self.name}: duplicate graph variants {variant_names}")
+        for v in self.variants:
+            for sizes in v.sizes:
+                if set(sizes) != set(self.axes):
+                    raise ValueError(f"module {self.name}, variant {v.name}: sizes {dict(sizes)} must give "
+                                     f"every axis {sorted(self.axes)}")
 
     # --- sizes -------------------------------------------------------------------------------
     def trace_sizes(self, which: int = 0) -> dict[str, int]:
@@ -220,11 +264,17 @@ class ModuleSpec:
             "tolerances": {k: v.to_json() for k, v in self.tolerances.items()},
             "notes": self.notes,
             "single_size_reason": self.single_size_reason,
+            "variants": [v.to_json() for v in self.variants],
         }
 
 
 def tensor_specs_from_json(items: Sequence[Mapping[str, Any]]) -> list[TensorSpec]:
     return [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in items]
+
+
+def variants_from_json(items: Sequence[Mapping[str, Any]]) -> list[GraphVariant]:
+    return [GraphVariant(i["name"], tuple(i["rewrites"]), tuple(i.get("sizes", ())), i.get("why", ""))
+            for i in items]
 
 
 def patches_from_json(items: Sequence[Mapping[str, Any]]) -> list[ParamPatch]:

@@ -33,14 +33,30 @@ def case_label(sizes: Mapping[str, int]) -> str:
 
 
 def local_parity(spec: ModuleSpec, torch_runner: Any, ncnn_runner: Any, default: Tolerance,
-                 seed: int = 0) -> list[dict[str, Any]]:
+                 seed: int = 0, sizes_list: Sequence[Mapping[str, int]] | None = None,
+                 label: str | None = None) -> list[dict[str, Any]]:
+    """Rows for ``spec``'s graph at every parity size (or ``sizes_list``), named ``label``."""
     rows: list[dict[str, Any]] = []
     names = [t.name for t in spec.outputs]
-    for i, sizes in enumerate(spec.all_parity_sizes()):
+    for i, sizes in enumerate(spec.all_parity_sizes() if sizes_list is None else sizes_list):
         inputs = spec.example_inputs(sizes, seed=seed + i)
         ref = torch_runner.run(inputs)
         got = ncnn_runner.run(inputs)
-        rows += compare_outputs(spec.name, case_label(sizes), names, ref, got, spec.tolerances, default)
+        rows += compare_outputs(label or spec.name, case_label(sizes), names, ref, got, spec.tolerances, default)
+    return rows
+
+
+def variant_parity(spec: ModuleSpec, torch_runner: Any, ncnn_runner: Any, default: Tolerance,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """Local parity of each graph variant (``<module>.<variant>`` rows) against the same torch
+    wrapper, at the sizes the variant serves: a rewrite that changed the arithmetic fails here
+    under the module's own gate, not in a benchmark."""
+    rows: list[dict[str, Any]] = []
+    for variant in spec.variants:
+        runner = ncnn_runner.variant(variant.name)
+        rows += local_parity(spec, torch_runner, runner, default, seed=seed,
+                             sizes_list=list(variant.sizes) or None, label=f"{spec.name}.{variant.name}")
+        del runner
     return rows
 
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from ncnnport.convert.manifest import tool_versions
 from ncnnport.fsutil import read_json, sha256_file
-from ncnnport.parity.local import local_parity
+from ncnnport.parity.local import local_parity, variant_parity
 from ncnnport.registry import E2EContext
 from ncnnport.runtime.options import FP32, RuntimeOptions
 from ncnnport.runtime.lazy_modules import LazyModules, LazyTorchModules
@@ -34,6 +34,7 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
         if precision != "fp32":  # a precision mode is judged by its own budgets
             spec = dataclasses.replace(spec, tolerances=prep.policy.module(spec.name, precision))
         modules += local_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], default)
+        modules += variant_parity(spec, torch_mods[spec.name], ncnn_mods[spec.name], default)
         torch_mods.release(spec.name)
         ncnn_mods.release(spec.name)
     timings = {"local_s": time.perf_counter() - t0}

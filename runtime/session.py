@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ncnnport.contract import TensorSpec, parse_axis, tensor_specs_from_json
+from ncnnport.contract import TensorSpec, parse_axis, tensor_specs_from_json, variant_param_name
 from ncnnport.convert.param_file import read_param
 from ncnnport.runtime.mats import from_mat, to_mat
 from ncnnport.runtime.options import FP32, RuntimeOptions
@@ -79,10 +79,12 @@ class NcnnModule:
     """A converted graph with its own ``ncnn.Net`` and options; one extractor per call."""
 
     def __init__(self, param: Path, weights: Path, spec: Mapping[str, Any],
-                 options: RuntimeOptions = FP32) -> None:
+                 options: RuntimeOptions = FP32, variant: str | None = None) -> None:
         import ncnn
 
-        self.name = spec["name"]
+        # errors name the graph that failed: "llm_layer0.decode" for a variant
+        self.name = spec["name"] if variant is None else f"{spec['name']}.{variant}"
+        self.spec = dict(spec)
         self.inputs = tensor_specs_from_json(spec["inputs"])
         self.outputs = tensor_specs_from_json(spec["outputs"])
         self.options = options
@@ -109,6 +111,18 @@ class NcnnModule:
             raise NcnnError(f"module {self.name}: ncnn could not load param {self.param}")
         if self.net.load_model(str(self.weights)) != 0:
             raise NcnnError(f"module {self.name}: ncnn could not load weights {self.weights}")
+
+    def variants(self) -> list[str]:
+        """Names of the graph variants the spec declares (param files beside this graph)."""
+        return [v["name"] for v in self.spec.get("variants", [])]
+
+    def variant(self, name: str, options: RuntimeOptions | None = None) -> "NcnnModule":
+        """The module's ``name`` variant graph over the same ``.bin`` (see ``GraphVariant``),
+        as its own module with ``options`` (default: this module's)."""
+        if name not in self.variants():
+            raise NcnnError(f"module {self.name}: no graph variant {name!r} (declared: {self.variants() or 'none'})")
+        param = self.param.with_name(variant_param_name(self.spec["name"], name))
+        return NcnnModule(param, self.weights, self.spec, self.options if options is None else options, variant=name)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.run_with(arrays)[0]
@@ -148,6 +162,7 @@ class TorchModule:
 
     def __init__(self, module: Any, spec: Mapping[str, Any]) -> None:
         self.name = spec["name"]
+        self.spec = dict(spec)
         self.inputs = tensor_specs_from_json(spec["inputs"])
         self.outputs = tensor_specs_from_json(spec["outputs"])
         self.module = module

@@ -10,6 +10,7 @@ than any cache, because it swings minute to minute on a shared host.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -73,6 +74,14 @@ def read_bandwidth(n_bytes: int = 256 << 20, runs: int = 7) -> dict[str, float]:
     return out
 
 
+def huge_pages_malloc() -> bool:
+    """Whether glibc's malloc was told to back large allocations with transparent huge pages
+    (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, read once at process start). It changes both the
+    runtimes and the bandwidth measured here, so every speed table says which it was."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(t.strip() in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2") for t in tunables.split(":"))
+
+
 def bound_row(ncnn_ms: float, torch_ms: float | None, nbytes: dict[str, int] | None,
               bandwidth_gbps: float) -> dict[str, Any]:
     """Bound columns for one timed stage: bytes per call, the bound in ms (weights only and
@@ -104,8 +113,9 @@ def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Se
     known = stage_sizes or prep.port.bench_stages()
     bw = read_bandwidth()
     kernels = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in bw.items() if k.endswith("_gbps") and k != "read_gbps")
+    huge = huge_pages_malloc()
     print(f"\nread bandwidth over {bw['array_mb']:.0f} MB, {threads} thread(s): {bw['read_gbps']:.1f} GB/s "
-          f"(fastest of: {kernels} GB/s)")
+          f"(fastest of: {kernels} GB/s); malloc huge pages: {'on' if huge else 'off'}")
     rows = []
     print("\n| model | stage | size | torch eager median (ms) | ncnn median (ms) | torch/ncnn | weight MB "
           "| bound (ms) | ncnn % of bound | torch % of bound | ncnn % of bound incl. K/V | threads |")
@@ -123,7 +133,8 @@ def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Se
             del ncall, modules
             extra = bound_row(n_ms, t_ms, prep.port.bench_bytes(prep.loaded, stage, size), bw["read_gbps"])
             rows.append({"stage": stage, "size": size, "torch_ms": t_ms, "ncnn_ms": n_ms,
-                         "ratio": t_ms / n_ms, "threads": threads, "bandwidth": bw, **extra})
+                         "ratio": t_ms / n_ms, "threads": threads, "bandwidth": bw, "huge_pages_malloc": huge,
+                         **extra})
             if extra:
                 cols = (f"{extra['weight_bytes'] / 2**20:.0f} | {extra['bound_weights_ms']:.2f} | "
                         f"{extra['ncnn_pct_of_bound']:.0f}% | {extra['torch_pct_of_bound']:.0f}% | "

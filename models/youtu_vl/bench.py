@@ -23,12 +23,20 @@ from ncnnport.runtime import masks
 from ncnnport.runtime.rope import cos_sin, inv_freq
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
-                                      "layers": ("16", "512")}
+                                      "layers": ("16", "512"), "decode_fp16": ("16", "512"),
+                                      "layers_fp16": ("16", "512")}
 # `make bench-perf MODEL=youtu-vl`: the LLM layers alone (the per-layer decode speed targets), a
-# whole token (layers + the 283386 x 2560 tied head, which dominates at real size) and the vision
-# encoder at the issue's two image sizes.
+# whole token (layers + the 283386 x 2560 tied head, which dominates at real size), the same two on
+# the decode variants with fp16 weights (ratio still vs torch fp32), and the vision encoder at the
+# issue's two image sizes.
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
+                                     "layers_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
+FP16_SUFFIX = "_fp16"  # the stage on the ``decode`` graph variants with fp16 InnerProduct weights
+
+
+def base_stage(stage: str) -> str:
+    return stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
 DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
 
 Call = Callable[[], list[np.ndarray]]
@@ -75,7 +83,22 @@ def decode_inputs(vl: Any, past: int, seed: int = 0) -> dict[str, Any]:
             "mask": mask, "cache": layers}
 
 
+def _fp16_decode_modules(vl: Any, modules: Mapping[str, Any]) -> dict[str, Any]:
+    """The layers and head shards as their ``decode`` variants under ``use_fp16_storage``."""
+    from ncnnport.models.youtu_vl.specs import DECODE
+    from ncnnport.runtime.variants import with_variant
+
+    names = [layer_name(i) for i in range(vl.cfg.text.num_hidden_layers)] + [h.name for h in head_shards(vl.cfg)]
+    fp16 = modules[names[0]].options.with_(fp16_storage=True)
+    return {**modules, **with_variant(modules, DECODE, fp16, names=names)}
+
+
 def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Call:
+    base = base_stage(stage)
+    if base != stage and base in ("decode", "layers"):
+        call = ncnn_call(vl, _fp16_decode_modules(vl, modules), base, size)
+        _fidelity(stage, size, call()[0], ncnn_call(vl, modules, base, size)()[0])
+        return call
     if stage == "vision_encoder":
         image = bench_image(vl, size)
 
@@ -108,7 +131,17 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
     raise ValueError(f"youtu-vl: no bench stage {stage!r}; known: {', '.join(STAGES)}")
 
 
+def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
+    from ncnnport.models.youtu_vl.port import PORT
+    from ncnnport.parity.policy import Policy
+    from ncnnport.runtime.bench import print_fidelity
+
+    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(PORT.policy_path).default("fp16"))
+
+
 def torch_call(vl: Any, stage: str, size: str) -> Call | None:
+    """Eager torch fp32 on the same work (the ``*_fp16`` stages too: their ratio is vs fp32)."""
+    stage = base_stage(stage)
     if stage == "vision_encoder":
         image = bench_image(vl, size)
 
@@ -164,12 +197,27 @@ def stage_bytes(vl: Any, stage: str, size: str) -> dict[str, int] | None:
     None for the compute-bound vision encoder. Sizes come from shapes: nothing is materialised."""
     from ncnnport.models.youtu_vl.specs import module_weight_bytes
 
-    if stage not in ("decode", "layers"):
+    base = base_stage(stage)
+    if base not in ("decode", "layers"):
         return None
     t = vl.cfg.text
     sizes = module_weight_bytes(vl)
-    weights = sum(sizes[layer_name(i)] for i in range(t.num_hidden_layers))
-    if stage == "decode":
-        weights += sum(sizes[shard.name] for shard in head_shards(vl.cfg))
+    # fp16: the InnerProduct weights (every Linear but the absorbed kv_b_proj, and the head rows)
+    # are read at 2 bytes, the rest stays fp32
+    saved = [_linear_weight_bytes(vl, i) // 2 if base != stage else 0 for i in range(t.num_hidden_layers)]
+    weights = sum(sizes[layer_name(i)] - saved[i] for i in range(t.num_hidden_layers))
+    if base == "decode":
+        head = sum(sizes[shard.name] for shard in head_shards(vl.cfg))
+        weights += head if base == stage else head - 2 * t.hidden_size * t.vocab_size
     kv = t.num_hidden_layers * (cache_length(size) + 1) * (t.kv_lora_rank + t.qk_rope_head_dim)
     return {"weights": weights, "kv_cache": 4 * kv}
+
+
+def _linear_weight_bytes(vl: Any, i: int) -> int:
+    """fp32 bytes of the Linear weights of decoder layer ``i`` that the graph keeps as Gemm /
+    InnerProduct: all but ``kv_b_proj``, which the absorbed MLA folds into constant MatMuls."""
+    from torch import nn
+
+    root = getattr(vl, "skeleton", vl).get_submodule(f"model.layers.{i}")
+    return sum(4 * m.weight.numel() for name, m in root.named_modules()
+               if isinstance(m, nn.Linear) and not name.endswith("kv_b_proj"))

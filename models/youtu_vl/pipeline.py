@@ -219,8 +219,13 @@ class Generation:
 def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
              image: ProcessedImage | None, max_new_tokens: int, *, stop_at_eos: bool = True,
              on_token: Callable[[int], None] | None = None, keep_logits: bool = False,
-             forced: Sequence[int] | None = None) -> Generation:
+             forced: Sequence[int] | None = None,
+             decode_runners: Mapping[str, Any] | None = None) -> Generation:
     """Greedy generation; ``on_token`` is called with every new id (streaming).
+
+    ``decode_runners`` (optional) run the one-token steps after the prefill, e.g. the layers'
+    and head's ``decode`` variants with fp16 weights (``runtime.variants.with_variant``); the
+    prompt still goes through ``runners``, whose Gemm graphs are the fast ones on many rows.
 
     ``forced`` (teacher forcing): step i feeds ``forced[i]`` instead of the argmax, so the
     pipeline sees exactly the reference's sequence and its step logits can be compared with the
@@ -230,6 +235,7 @@ def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
     if forced is not None:
         max_new_tokens = min(max_new_tokens, len(forced))
     runners = with_tied_embedding(runners)
+    stepper = runners if decode_runners is None else {**runners, **decode_runners}
     vision = merged = None
     if image is not None:
         vision, merged = encode_image(runners, image, cfg)
@@ -247,5 +253,5 @@ def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
         if (stop_at_eos and token == EOS_ID) or step == max_new_tokens - 1:
             break
         fed = token if forced is None else int(forced[step])
-        logits = forward_llm(runners, embed_ids(runners, np.array([fed])), cache, cfg)
+        logits = forward_llm(stepper, embed_ids(runners, np.array([fed])), cache, cfg)
     return gen

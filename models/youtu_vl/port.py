@@ -141,6 +141,9 @@ class YoutuVLPort(ModelPort):
                             help="patch cap of the resize rule (default: the processor's 36864)")
         parser.add_argument("--show-special", action="store_true",
                             help="print special tokens too (the tiny preset mostly emits filler ids)")
+        parser.add_argument("--fp16-decode", action="store_true",
+                            help="one-token steps on the layers' and head's decode variants with fp16 "
+                                 "weights (InnerProduct; about half the bytes per token), prompt in fp32")
 
     def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
         from PIL import Image
@@ -159,8 +162,15 @@ class YoutuVLPort(ModelPort):
         ids = encode_prompt(tok, args.prompt, None if image is None else image.num_tokens,
                             cfg.system_prompt)
         streamer = TextStreamer(tok, skip_special=not args.show_special)
+        decode = None
+        if args.fp16_decode:
+            from ncnnport.models.youtu_vl.pipeline import layer_name
+            from ncnnport.models.youtu_vl.specs import DECODE
+            from ncnnport.runtime.variants import with_variant
+            fp16 = modules[layer_name(0)].options.with_(fp16_storage=True)
+            decode = {n: m for n, m in with_variant(modules, DECODE, fp16).items() if m is not modules[n]}
         generate(modules, cfg, ids, image, args.max_new_tokens, stop_at_eos=True,
-                 on_token=lambda t: None if t == EOS_ID else streamer.put(t))
+                 on_token=lambda t: None if t == EOS_ID else streamer.put(t), decode_runners=decode)
         streamer.end()
         return 0
 
@@ -267,7 +277,7 @@ def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[
     the torch-wrapper and ncnn runs make the same module calls in the same order."""
     from ncnnport.models.youtu_vl.pipeline import generate
     from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
-    from ncnnport.parity.trace import first_divergence
+    from ncnnport.parity.trace import first_divergence, policy_gates
 
     def pipeline_run(modules: Mapping[str, Any]) -> None:
         generate(modules, cfg, ids, processed, len(forced), stop_at_eos=False, forced=forced)
@@ -275,11 +285,10 @@ def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[
     # a tied embedding is a host lookup on each side (torch weight vs lm_head.ncnn.bin rows):
     # added to both sets so the trace compares its calls like a graph's
     torch_mods, ncnn_mods = with_tied_embedding(ctx.torch_modules), with_tied_embedding(ctx.ncnn_modules)
-    default = ctx.policy.default(ctx.precision) if ctx.policy else Tolerance()
-    tols = {n: ctx.policy.module(n, ctx.precision) for n in ncnn_mods} if ctx.policy else {}
     return first_divergence(fixture, pipeline_run, torch_mods, ncnn_mods,
-                            lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default,
-                            keep_dir=ctx.package_dir.parent / "trace")
+                            policy_gates(ctx.policy, ctx.precision, list(ncnn_mods)),
+                            keep_dir=ctx.package_dir.parent / "trace",
+                            gate=ctx.policy.trace_gate(ctx.precision) if ctx.policy else "propagated")
 
 
 PORT = YoutuVLPort()

@@ -46,15 +46,23 @@ def read_head_table(param: Path, weights: Path) -> np.ndarray:
 
     graph = read_param(param)
     types = graph.layer_types()
-    if types != ["Input", "RMSNorm", "Gemm"]:
-        raise TiedEmbeddingError(f"{param}: expected Input, RMSNorm, Gemm for the tied lm_head, got {types}")
+    # the head graph, or its ``decode`` variant (InnerProduct over the same .bin bytes)
+    if types not in (["Input", "RMSNorm", "Gemm"], ["Input", "RMSNorm", "InnerProduct"]):
+        raise TiedEmbeddingError(f"{param}: expected Input, RMSNorm, Gemm (or InnerProduct) for the tied "
+                                 f"lm_head, got {types}")
     norm, gemm = graph.layers[1], graph.layers[2]
     hidden = _int(norm, "0", param)
     if _int(norm, "2", param) != 1:
         raise TiedEmbeddingError(f"{param}: RMSNorm without affine weights")
-    if _int(gemm, "5", param) != 1 or _int(gemm, "3", param) != 1:
+    if gemm.type == "InnerProduct":
+        if _int(gemm, "1", param) != 0:
+            raise TiedEmbeddingError(f"{param}: InnerProduct with a bias is not a tied head")
+        vocab = _int(gemm, "0", param)
+        k = _int(gemm, "2", param) // max(vocab, 1)
+    elif _int(gemm, "5", param) != 1 or _int(gemm, "3", param) != 1:
         raise TiedEmbeddingError(f"{param}: Gemm B is not a constant [N,K] weight (5=1 3=1)")
-    vocab, k = _int(gemm, "8", param), _int(gemm, "9", param)
+    else:
+        vocab, k = _int(gemm, "8", param), _int(gemm, "9", param)
     if k != hidden:
         raise TiedEmbeddingError(f"{param}: Gemm K={k} but RMSNorm width {hidden}")
     offset = hidden * 4

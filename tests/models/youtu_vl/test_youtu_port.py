@@ -53,6 +53,40 @@ def test_forced_generation_feeds_the_given_tokens(built, modules):
     assert not np.array_equal(moved.step_logits[1], free.step_logits[1])
 
 
+def test_decode_variants_serve_the_one_token_steps(built, modules):
+    """Layers and head have an InnerProduct ``decode`` variant over the same .bin: in fp32 it
+    generates the same tokens with logits within fp32 noise; with fp16 weights the step logits
+    move (the fp16 path is really taken) but stay inside the fp16 budget, teacher-forced."""
+    from ncnnport.models.youtu_vl.pipeline import generate
+    from ncnnport.models.youtu_vl.specs import DECODE
+    from ncnnport.parity.tokens import teacher_forced_stats
+    from ncnnport.runtime.variants import with_variant
+
+    prep, pkg = built
+    ncnn_mods, _ = modules
+    cfg = prep.loaded.reference.cfg
+    assert not list((pkg / "ncnn").glob("*.decode.ncnn.bin"))  # one weight file per graph
+    _, processed, ids = _case(prep, "grid_12x18")
+    base = generate(ncnn_mods, cfg, ids, processed, 12, stop_at_eos=False, keep_logits=True)
+
+    def swapped(options=None):
+        mods = with_variant(ncnn_mods, DECODE, options)
+        return {n: m for n, m in mods.items() if m is not ncnn_mods[n]}
+
+    fp32 = swapped()
+    assert sorted(fp32) == sorted([f"llm_layer{i}" for i in range(cfg.text.num_hidden_layers)] + ["lm_head"])
+    same = generate(ncnn_mods, cfg, ids, processed, 12, stop_at_eos=False, keep_logits=True, decode_runners=fp32)
+    assert same.tokens == base.tokens
+    assert np.array_equal(same.step_logits[0], base.step_logits[0])  # the prompt still runs on Gemm
+    assert max(np.abs(a - b).max() for a, b in zip(same.step_logits, base.step_logits)) < 1e-4
+    half = swapped(ncnn_mods["lm_head"].options.with_(fp16_storage=True))
+    forced = generate(ncnn_mods, cfg, ids, processed, 12, stop_at_eos=False, keep_logits=True,
+                      forced=base.tokens, decode_runners=half)
+    tf = teacher_forced_stats(base.step_logits, forced.step_logits)
+    gate = prep.policy.token_gate("fp16")
+    assert 0 < tf["logit_noise"] and tf["top1_agreement"] >= gate["min_top1"] and tf["kl_mean"] <= gate["max_kl_mean"], tf
+
+
 def test_e2e_records_teacher_forced_stats_and_the_trace(built, modules):
     from ncnnport.models.youtu_vl.port import e2e_case
     from ncnnport.registry import E2EContext
@@ -136,8 +170,9 @@ def test_bench_stages_and_calls(built, modules):
     ncnn_mods, _ = modules
     port, loaded = prep.port, prep.loaded
     assert port.bench_stages() == {"vision_encoder": ["224x224", "448x448"], "decode": ["16", "512"],
-                                   "layers": ["16", "512"]}
-    assert set(port.bench_perf_stages()) == {"layers", "decode", "vision_encoder"}
+                                   "layers": ["16", "512"], "decode_fp16": ["16", "512"],
+                                   "layers_fp16": ["16", "512"]}
+    assert set(port.bench_perf_stages()) == {"layers", "decode", "layers_fp16", "decode_fp16", "vision_encoder"}
     for size, patches in (("224x224", 14 * 14), ("448x448", 28 * 28)):
         ours = port.bench_call(loaded, ncnn_mods, "vision_encoder", size)()
         ref = port.torch_bench_call(loaded, "vision_encoder", size)()
@@ -169,6 +204,17 @@ def test_bench_stages_and_calls(built, modules):
     assert nbytes["kv_cache"] == 4 * 513 * (t.kv_lora_rank + t.qk_rope_head_dim) * t.num_hidden_layers
     assert port.bench_bytes(loaded, "layers", "512")["weights"] < nbytes["weights"] - 0.99 * head
     assert port.bench_bytes(loaded, "vision_encoder", "224x224") is None
+    # fp16 stages: the decode variants with fp16 weights, judged against the fp32 graphs
+    half = port.bench_call(loaded, ncnn_mods, "decode_fp16", "16")()[0]
+    full = port.bench_call(loaded, ncnn_mods, "decode", "16")()[0]
+    s = compare(full, half)
+    assert 0 < s.max_abs < 1e-2 * s.ref_absmax and int(half.argmax()) == int(full.argmax())
+    # every Gemm weight (all Linears but the absorbed kv_b_proj, and the head) at 2 bytes
+    gemm = sum(int(line.split()[-1][2:]) for i in range(t.num_hidden_layers) for line in
+               (built[1] / "ncnn" / f"llm_layer{i}.decode.ncnn.param").read_text().splitlines()
+               if line.startswith("InnerProduct"))
+    gemm += t.hidden_size * t.vocab_size
+    assert nbytes["weights"] - port.bench_bytes(loaded, "decode_fp16", "512")["weights"] == 2 * gemm
     with pytest.raises(ValueError, match="no bench stage"):
         port.bench_call(loaded, ncnn_mods, "audio", "1")
     with pytest.raises(ValueError, match="HxW"):
