@@ -37,7 +37,7 @@ convert parity report check bench: $(STAMP)
 bench-perf: PRESET = real
 bench-perf: LAYERS = 4
 bench-perf: $(STAMP)
-	OMP_NUM_THREADS=$(or $(THREADS),1) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(ARGS)
+	$(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) OMP_NUM_THREADS=$(or $(THREADS),1) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(ARGS)
 
 nightly: $(STAMP)
 	$(BIN)/ncnnport nightly $(ARGS)

@@ -130,10 +130,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _stage_list(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ncnnport.runtime.bench_cli import run_bench, run_interleave, write_json
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.torch_ratio import torch_ratio_table
+    from ncnnport.runtime.torch_ratio import huge_pages_malloc, torch_ratio_table
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
@@ -143,16 +147,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pkg = convert_stage(prep, force=args.force)
         if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
             perf = prep.port.bench_perf_stages()
-            stages = [args.stage] if args.stage else list(perf)
+            stages = _stage_list(args.stage) or list(perf)
             print(f"\n## bench --perf {t.model} ({t.source}), threads={args.threads}, runs={args.runs}")
             res = {"torch_ratio": torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs,
                                                     stage_sizes={**prep.port.bench_stages(), **perf})}
-            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf.json"
+            thp = "-hugepages" if huge_pages_malloc() else ""  # a tuned run does not overwrite the plain one
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf{thp}.json"
             write_json(path, res)
             print(f"json: {path}")
             out[t.model] = res
             continue
-        stages = [args.stage] if args.stage else list(prep.port.bench_stages())
+        stages = _stage_list(args.stage) or list(prep.port.bench_stages())
         if not stages:
             print(f"{t.model}: no bench stages")
             continue
@@ -230,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for the reference and the package in memory together)")
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)
-    p.add_argument("--stage", default=None, help="bench stage (default: every stage of the model)")
+    p.add_argument("--stage", default=None, help="bench stage or comma list (default: every stage of the model)")
     p.add_argument("--backends", default="cpu", help="comma list of cpu, vulkan")
     p.add_argument("--sizes", default=None, help="comma list of sizes (stage-specific, e.g. 16,512)")
     p.add_argument("--threads", type=int, default=1)
