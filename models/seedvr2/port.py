@@ -52,8 +52,8 @@ FIXTURES = (
 RESIDENCY_FIXTURE = "image_256x448_multiwindow"
 # Full-width models (the real preset, a real checkpoint) cost 10^2-10^3 x the tiny preset per
 # graph on a CPU (torch alone: 7 s for the 64x96 image, 26 s for the 9-frame clip, 46 s for
-# 256x448 at 2 DiT blocks on 2 cores; ncnn's x86 Convolution3D is ~35x slower than torch on the
-# VAE), so their parity runs the one-window image and the clip (3 latent frames: regular and
+# 256x448 at 2 DiT blocks on 2 cores; the ncnn VAE was ~35x slower than torch before its 3-D convs
+# were folded into 2-D ones), so their parity runs the one-window image and the clip (3 latent frames: regular and
 # shifted TIME windows, text averaged over 3 windows), each at its own size; residency is
 # checked on the image.
 FULL_WIDTH_FIXTURES = ("image_64x96", "video_9x64x96")
@@ -303,8 +303,7 @@ class SeedVR2Port(ModelPort):
 
     def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Full-depth parity with one module of each side resident (``parity --stream``, see
-        streamed.py) on the one-window image, and on ``--input`` images at their own size (the
-        720p working area would take ncnn's x86 Convolution3D most of an hour per VAE pass)."""
+        streamed.py) on the one-window image, and on ``--input`` images at their own size."""
         from ncnnport.models.seedvr2.streamed import streamed_parity
 
         policy = ctx.policy

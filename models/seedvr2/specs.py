@@ -204,7 +204,8 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
         make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, sizes["t"], sizes["h"], sizes["w"]))
                                         .astype(np.float32)],
         parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
-        notes="causal conv = concat of frame-0 copies + Convolution3D; per-frame GroupNorm via "
+        notes="causal 3-D conv folded into one 2-D Convolution (taps -> channels, frames -> rows; "
+              "conv_fold.py); per-frame GroupNorm via "
               "reshape + mean/var; T must be 4n+1, H and W multiples of 8")]
     # Decoder segments: the sizes entering segment k follow from the latent (f, h, w).
     temporal = decode_stage_temporal(cfg)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ncnnport.models.seedvr2.dit import NaDiT, NaMMSRTransformerBlock
+from ncnnport.models.seedvr2.conv_fold import fold_convs
 from ncnnport.models.seedvr2.vae import FrameAttention, MidBlock3D, ResnetBlock3D, VideoAutoencoderKL
 
 
@@ -284,9 +285,12 @@ def mid_block(m: MidBlock3D, x: torch.Tensor) -> torch.Tensor:
 class VAEEncode(nn.Module):
     """(1, 3, T, H, W) in [-1, 1] -> posterior mean, clamped logvar (1, 16, t, h, w)."""
 
-    def __init__(self, vae: VideoAutoencoderKL) -> None:
+    def __init__(self, vae: VideoAutoencoderKL, fold: bool = True) -> None:
         super().__init__()
-        self.enc, self.cfg = vae.encoder, vae.cfg
+        # 3-D convs as 2-D convs (ncnn Convolution, not its unoptimised x86 Convolution3D): a
+        # structural copy over the same Parameters, so the reference model keeps its Conv3d
+        self.enc = fold_convs(vae.encoder, inplace=False) if fold else vae.encoder
+        self.cfg = vae.cfg
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         e = self.enc
@@ -311,7 +315,7 @@ class VAEDecodeStage(nn.Module):
     carries only its own weights.
     """
 
-    def __init__(self, vae: VideoAutoencoderKL, stage: int) -> None:
+    def __init__(self, vae: VideoAutoencoderKL, stage: int, fold: bool = True) -> None:
         super().__init__()
         d = vae.decoder
         self.stage = stage
@@ -325,6 +329,9 @@ class VAEDecodeStage(nn.Module):
             self.norm_out, self.conv_out = d.conv_norm_out, d.conv_out
         else:
             self.upscale = d.up_blocks[stage].upsamplers[0].upscale_conv
+        if fold:  # as in VAEEncode: 2-D convs over the same Parameters
+            for name, child in list(self.named_children()):
+                setattr(self, name, fold_convs(child, inplace=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv_in(x)

@@ -80,7 +80,8 @@ def test_converted_graphs_are_stock_and_batch_axis_safe(built) -> None:
             if layer.type in ("Slice", "Crop"):
                 assert layer.get("1") != "-233", (p.name, layer.name)
     types = {l.type for p in params for l in read_param(p).layers}
-    assert {"Convolution3D", "SDPA", "RMSNorm", "Gemm"} <= types
+    assert {"Convolution", "SDPA", "RMSNorm", "Gemm"} <= types
+    assert "Convolution3D" not in types  # the VAE's 3-D convs are folded into 2-D ones (conv_fold)
     # each graph stores its weights once (shared-weight blocks: one Gemm per weight, not per stream)
     prep, _ = built
     sizes = prep.port.module_weight_bytes(prep.loaded)
