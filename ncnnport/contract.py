@@ -44,8 +44,11 @@ class TensorSpec:
     name: str
     shape: tuple[Dim, ...]
     dtype: str = "float32"
+    feature_axis: int = -1  # the axis parity's worst-row cosine compares (channels for video)
 
     def __post_init__(self) -> None:
+        if not -len(self.shape) <= self.feature_axis < len(self.shape):
+            raise ValueError(f"tensor {self.name!r}: feature_axis {self.feature_axis} outside shape {self.shape}")
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} not in {SUPPORTED_DTYPES}")
         if not self.shape or self.shape[0] != 1:
@@ -257,7 +260,8 @@ class ModuleSpec:
         return {
             "name": self.name,
             "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in self.inputs],
-            "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in self.outputs],
+            "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "feature_axis": t.feature_axis}
+                        for t in self.outputs],
             "axes": {k: list(v) for k, v in self.axes.items()},
             "parity_sizes": self.all_parity_sizes(),
             "patches": [p.to_json() for p in self.patches],
@@ -269,7 +273,7 @@ class ModuleSpec:
 
 
 def tensor_specs_from_json(items: Sequence[Mapping[str, Any]]) -> list[TensorSpec]:
-    return [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"]) for i in items]
+    return [TensorSpec(i["name"], tuple(i["shape"]), i["dtype"], i.get("feature_axis", -1)) for i in items]
 
 
 def variants_from_json(items: Sequence[Mapping[str, Any]]) -> list[GraphVariant]:

@@ -10,18 +10,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ncnnport.contract import ModuleSpec, Tolerance
+from ncnnport.contract import ModuleSpec, TensorSpec, Tolerance
 from ncnnport.parity.metrics import compare, judge
 
 
-def compare_outputs(module: str, case: str, names: Sequence[str], reference: Sequence[np.ndarray],
+def compare_outputs(module: str, case: str, outputs: Sequence[TensorSpec], reference: Sequence[np.ndarray],
                     candidate: Sequence[np.ndarray], tolerances: Mapping[str, Tolerance],
                     default: Tolerance) -> list[dict[str, Any]]:
     """One record per output, in the summary.json ``modules`` schema."""
     rows = []
-    for name, ref, cand in zip(names, reference, candidate):
+    for spec, ref, cand in zip(outputs, reference, candidate):
+        name = spec.name
         tol = tolerances.get(name, tolerances.get("*", default))
-        stats = compare(ref, cand, what=f"{module}/{name}")
+        stats = compare(ref, cand, what=f"{module}/{name}", feature_axis=spec.feature_axis)
         passed, reason = judge(stats, tol)
         rows.append({"name": module, "output": name, "case": case, **stats.to_json(),
                      "tolerance": tol.to_json(), "passed": passed, "reason": reason})
@@ -37,12 +38,11 @@ def local_parity(spec: ModuleSpec, torch_runner: Any, ncnn_runner: Any, default:
                  label: str | None = None) -> list[dict[str, Any]]:
     """Rows for ``spec``'s graph at every parity size (or ``sizes_list``), named ``label``."""
     rows: list[dict[str, Any]] = []
-    names = [t.name for t in spec.outputs]
     for i, sizes in enumerate(spec.all_parity_sizes() if sizes_list is None else sizes_list):
         inputs = spec.example_inputs(sizes, seed=seed + i)
         ref = torch_runner.run(inputs)
         got = ncnn_runner.run(inputs)
-        rows += compare_outputs(label or spec.name, case_label(sizes), names, ref, got, spec.tolerances, default)
+        rows += compare_outputs(label or spec.name, case_label(sizes), spec.outputs, ref, got, spec.tolerances, default)
     return rows
 
 
@@ -65,8 +65,7 @@ def recorded_parity(module: str, calls: Sequence[tuple[Sequence[np.ndarray], Seq
                     case_prefix: str) -> list[dict[str, Any]]:
     """Local parity on inputs recorded from a real pipeline run (see ``RecordingRunner``)."""
     rows = []
-    names = [t.name for t in ncnn_runner.outputs]
     for i, (inputs, ref) in enumerate(calls):
         got = ncnn_runner.run(inputs)
-        rows += compare_outputs(module, f"{case_prefix}#{i}", names, ref, got, tolerances, default)
+        rows += compare_outputs(module, f"{case_prefix}#{i}", ncnn_runner.outputs, ref, got, tolerances, default)
     return rows

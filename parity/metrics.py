@@ -51,8 +51,11 @@ def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(both_zero, 1.0, cos)
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, *, what: str = "tensor") -> TensorStats:
-    """Statistics of ``candidate - reference``; shapes must match exactly."""
+def compare(reference: np.ndarray, candidate: np.ndarray, *, what: str = "tensor",
+            feature_axis: int = -1) -> TensorStats:
+    """Statistics of ``candidate - reference``; shapes must match exactly. ``feature_axis`` is
+    the axis whose vectors ``worst_row_cosine`` compares (the last by default: tokens x hidden;
+    channels for ``(B, C, T, H, W)`` video, where a "row" along W can be 2 pixels of noise)."""
     ref = np.asarray(reference)
     cand = np.asarray(candidate)
     if ref.shape != cand.shape:
@@ -70,7 +73,10 @@ def compare(reference: np.ndarray, candidate: np.ndarray, *, what: str = "tensor
     diff = np.abs(c - r)
     if not diff.any():  # bit-identical: report exact 1.0 rather than 0.9999999999999999
         return TensorStats(1.0, 1.0, 0.0, 0.0, 0.0, float(np.abs(r).max()), 0, 0, tuple(ref.shape))
-    feat = ref.shape[-1] if ref.ndim >= 1 and ref.shape[-1] > 0 else 1
+    if ref.ndim >= 1 and feature_axis not in (-1, ref.ndim - 1):  # that axis last, then rows
+        r = np.moveaxis(ref.astype(np.float64), feature_axis, -1).reshape(-1)
+        c = np.moveaxis(cand.astype(np.float64), feature_axis, -1).reshape(-1)
+    feat = ref.shape[feature_axis] if ref.ndim >= 1 and ref.shape[feature_axis] > 0 else 1
     rows = _row_cosines(r.reshape(-1, feat), c.reshape(-1, feat))
     return TensorStats(
         cosine=_cosine(r, c),

@@ -101,10 +101,11 @@ def first_divergence(case: str, run: PipelineRun, torch_modules: Mapping[str, An
         worst: list[tuple[float, str, dict[str, np.ndarray]]] = []
 
         def sink(module: str, index: int, ref: list, prop: list, local: list) -> None:
-            spec_outputs = [t.name for t in ncnn_modules[module].outputs]
-            for name, r, p, l in zip(spec_outputs, ref, prop, local):
+            for out, r, p, l in zip(ncnn_modules[module].outputs, ref, prop, local):
+                name, axis = out.name, out.feature_axis
                 tol = tolerances(module, name)
-                ps, ls = compare(r, p, what=f"{module}/{name}"), compare(r, l, what=f"{module}/{name}")
+                ps = compare(r, p, what=f"{module}/{name}", feature_axis=axis)
+                ls = compare(r, l, what=f"{module}/{name}", feature_axis=axis)
                 passed, reason = judge(ps, tol)
                 local_passed, local_reason = judge(ls, tol)
                 rel = ps.max_abs / max(ps.ref_absmax, 1e-30)

@@ -36,6 +36,8 @@ from ncnnport.models.seedvr2 import wrappers as W
 from ncnnport.models.seedvr2.config import DiTConfig, SeedVR2Config
 from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
 
+CHANNELS = 1  # the channel axis of a (B, C, T, H, W) video tensor
+
 
 # VAE trace sizes: (h0, h1), (w0, w1) in pixels for the encoder, latent (f, h, w) pairs for the
 # decoder. Every axis differs between the two and so do the products H*W and T*H*W. They are
@@ -198,8 +200,9 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
     specs = [ModuleSpec(
         "vae_encode", _builder(model, "vae_encode", parts["vae_encode"], W.VAEEncode),
         [TensorSpec("x", (1, v.in_channels, "t", "h", "w"))],
-        [TensorSpec("mean", (1, v.latent_channels, "lt", "lh", "lw")),
-         TensorSpec("logvar", (1, v.latent_channels, "lt", "lh", "lw"))],
+        # (B, C, T, H, W): parity's per-row cosine compares channel vectors (CHANNELS), not W pixels
+        [TensorSpec("mean", (1, v.latent_channels, "lt", "lh", "lw"), feature_axis=CHANNELS),
+         TensorSpec("logvar", (1, v.latent_channels, "lt", "lh", "lw"), feature_axis=CHANNELS)],
         axes={"t": (5, 9), "h": VAE_TRACE_HW[0], "w": VAE_TRACE_HW[1]},
         make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, sizes["t"], sizes["h"], sizes["w"]))
                                         .astype(np.float32)],
@@ -225,7 +228,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
         extra = [dict(zip("fhw", sizes_at(k, 1, 2, 2))), dict(zip("fhw", sizes_at(k, 1, 5, 3)))]
         specs.append(ModuleSpec(
             name, _builder(model, name, parts[name], lambda vae, k=k: W.VAEDecodeStage(vae, k)),
-            [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"))],
+            [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"), feature_axis=CHANNELS)],
             axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
             parity_sizes=extra,
             notes="decoder segment; the host applies depth-to-space"

@@ -100,3 +100,21 @@ def test_noise_relative_gate_follows_the_measured_reference_noise():
     for bad in (float("nan"), -1.0, float("inf")):
         with pytest.raises(ValueError):
             noise_relative_tolerance(base, bad, 4.0)
+
+
+def test_worst_row_cosine_follows_the_feature_axis():
+    """Video (B, C, T, H, W): rows are channel vectors. Along W (2 pixels) a near-zero pair of
+    values at rounding noise reads as a bad "row"; per channel vector it does not, while a
+    really corrupted channel vector is still caught."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((1, 8, 3, 4, 2))
+    ref[0, 0, 1, 2, :] = 1e-5  # one W-row of channel 0 with tiny values (other channels normal)
+    noisy = ref + rng.standard_normal(ref.shape) * 1e-7
+    assert compare(ref, noisy).worst_row_cosine < 0.999999           # W rows: a false alarm
+    assert compare(ref, noisy, feature_axis=1).worst_row_cosine > 0.999999
+    bad = noisy.copy()
+    bad[0, :, 2, 1, 0] = rng.standard_normal(8)                       # one pixel's channel vector
+    assert compare(ref, bad, feature_axis=1).worst_row_cosine < 0.9
+    with __import__("pytest").raises(ValueError, match="feature_axis 5"):
+        from ncnnport.contract import TensorSpec
+        TensorSpec("y", (1, 8, "t", "h", "w"), feature_axis=5)
