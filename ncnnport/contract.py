@@ -172,6 +172,9 @@ class ModuleSpec:
     notes: str = ""
     single_size_reason: str = ""
     variants: list[GraphVariant] = field(default_factory=list)
+    # runtime hint read from the spec JSON: return the graph's pooled activation memory after each
+    # call (for graphs whose activations are far larger than their weights, e.g. a VAE)
+    release_after_call: bool = False
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
@@ -269,6 +272,7 @@ class ModuleSpec:
             "notes": self.notes,
             "single_size_reason": self.single_size_reason,
             "variants": [v.to_json() for v in self.variants],
+            "release_after_call": self.release_after_call,
         }
 
 

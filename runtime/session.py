@@ -105,6 +105,14 @@ class NcnnModule:
             raise NcnnError(f"module {self.name}: Vulkan requested but ncnn sees no GPU")
         self.net = ncnn.Net()
         options.apply(self.net.opt)
+        # Graphs whose activations dwarf their weights (a VAE at 512x512: 8 GB for one decode
+        # stage) get their own pools, emptied after every call: ncnn's per-Net pools otherwise
+        # keep each graph's peak, so a chain of such graphs held the SUM of their peaks
+        # (measured: SeedVR2 decode at 512x512, 21.5 GB -> bounded by its largest stage).
+        self._pools: tuple[Any, ...] = ()
+        if spec.get("release_after_call"):
+            self._pools = (ncnn.PoolAllocator(), ncnn.PoolAllocator())
+            self.net.opt.blob_allocator, self.net.opt.workspace_allocator = self._pools
         if options.use_vulkan:
             self.net.set_vulkan_device(0)
         if self.net.load_param(str(self.param)) != 0:
@@ -151,9 +159,11 @@ class NcnnModule:
             rc, mat = ex.extract(t.name)
             if rc != 0:
                 raise NcnnError(f"module {self.name}: extract({t.name!r}) returned {rc} at sizes {sizes}")
-            arr = from_mat(mat, len(t.shape), what=f"module {self.name}, output {t.name}")
+            arr = from_mat(mat, len(t.shape), what=f"module {self.name}, output {t.name}")  # a copy
             outs.append(check_output(t, arr, sizes, module=self.name))
-        del alive
+        del alive, ex, mat  # every Mat of this call back in the pools before they are emptied
+        for pool in self._pools:
+            pool.clear()
         return outs, borrowed
 
 

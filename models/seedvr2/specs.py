@@ -207,6 +207,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
         make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, sizes["t"], sizes["h"], sizes["w"]))
                                         .astype(np.float32)],
         parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
+        release_after_call=True,  # activations: GBs at 512x512, weights 382 MB
         notes="causal 3-D conv folded into one 2-D Convolution (taps -> channels, frames -> rows; "
               "conv_fold.py); per-frame GroupNorm via "
               "reshape + mean/var; T must be 4n+1, H and W multiples of 8")]
@@ -230,7 +231,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
             name, _builder(model, name, parts[name], lambda vae, k=k: W.VAEDecodeStage(vae, k)),
             [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"), feature_axis=CHANNELS)],
             axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
-            parity_sizes=extra,
+            parity_sizes=extra, release_after_call=True,
             notes="decoder segment; the host applies depth-to-space"
                   + ("" if last else (" with frame drop" if temporal[k] else " (spatial)")) + " after it"))
     return specs

@@ -63,3 +63,18 @@ def test_missing_truncated_and_corrupt_files_are_named(toy_package, tmp_path):
     garbage.write_bytes(b"\x00\xff" * 50)
     with pytest.raises(ParamError):
         NcnnModule(garbage, d / "toy.ncnn.bin", rec)
+
+
+def test_release_after_call_empties_its_own_pools_and_keeps_the_numbers(toy_package):
+    """A spec with ``release_after_call`` gets its own ncnn pools, emptied after each call (the
+    outputs are copies, so they survive); results equal the default module's bit for bit."""
+    d, record = toy_package["dir"], toy_package["record"]
+    plain = open_toy(toy_package)
+    released = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", {**record, "release_after_call": True})
+    assert not plain._pools and len(released._pools) == 2
+    inputs = toy_package["spec"].example_inputs({"seq": 23})
+    first = released.run(inputs)
+    for _ in range(3):
+        again = released.run(inputs)
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert all(np.array_equal(a, b) for a, b in zip(first, plain.run(inputs)))
