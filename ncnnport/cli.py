@@ -202,7 +202,7 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     prep = prepare(t)
     pkg = convert_stage(prep, force=args.force)
     from ncnnport.runtime.options import RuntimeOptions
-    options = RuntimeOptions(num_threads=args.threads)
+    options = RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory)
     if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
         from ncnnport.runtime.lazy_modules import LazyModules
         modules = LazyModules(pkg, options=options)
@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     _common(p, many_models=False)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--low-memory", action="store_true",
+                   help="graphs marked release_after_call (e.g. the SeedVR2 VAE) return their activation "
+                        "memory after each call: peak = the largest such graph, not their sum; slower")
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")
     return parser
 

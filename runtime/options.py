@@ -19,6 +19,10 @@ class RuntimeOptions:
     fp16_arithmetic: bool = False
     bf16_storage: bool = False
     packing_layout: bool = True  # False gave wrong attention output in ncnn 20261020 (field notes)
+    # graphs whose spec sets ``release_after_call`` empty their pools after every call: memory
+    # bounded by the largest such graph instead of the sum, paid in re-allocation time (SeedVR2
+    # VAE decode 512x512 on 1 thread: 21.5 GB / 27.6 s by default, 13.9 GB / 35-44 s with it)
+    low_memory: bool = False
 
     @property
     def label(self) -> str:
@@ -27,6 +31,8 @@ class RuntimeOptions:
         parts = ["+".join(flags) if flags else "fp32", f"t{self.num_threads}"]
         if self.use_vulkan:
             parts.append("vulkan")
+        if self.low_memory:
+            parts.append("low-memory")
         return "/".join(parts)
 
     def with_(self, **changes: Any) -> "RuntimeOptions":

@@ -106,11 +106,11 @@ class NcnnModule:
         self.net = ncnn.Net()
         options.apply(self.net.opt)
         # Graphs whose activations dwarf their weights (a VAE at 512x512: 8 GB for one decode
-        # stage) get their own pools, emptied after every call: ncnn's per-Net pools otherwise
-        # keep each graph's peak, so a chain of such graphs held the SUM of their peaks
-        # (measured: SeedVR2 decode at 512x512, 21.5 GB -> bounded by its largest stage).
+        # stage) can get their own pools, emptied after every call (``low_memory``): ncnn's
+        # per-Net pools otherwise keep each graph's peak, so a chain of such graphs holds the SUM
+        # of their peaks (SeedVR2 decode at 512x512: 21.5 GB, 13.9 GB with the pools emptied).
         self._pools: tuple[Any, ...] = ()
-        if spec.get("release_after_call"):
+        if spec.get("release_after_call") and options.low_memory:
             self._pools = (ncnn.PoolAllocator(), ncnn.PoolAllocator())
             self.net.opt.blob_allocator, self.net.opt.workspace_allocator = self._pools
         if options.use_vulkan:

@@ -5,6 +5,7 @@ import pytest
 
 from ncnnport.convert.param_file import ParamError
 from ncnnport.parity.metrics import compare
+from ncnnport.runtime.options import FP32
 from ncnnport.runtime.session import NcnnError, NcnnModule, TorchModule
 
 pytestmark = pytest.mark.slow
@@ -66,12 +67,15 @@ def test_missing_truncated_and_corrupt_files_are_named(toy_package, tmp_path):
 
 
 def test_release_after_call_empties_its_own_pools_and_keeps_the_numbers(toy_package):
-    """A spec with ``release_after_call`` gets its own ncnn pools, emptied after each call (the
-    outputs are copies, so they survive); results equal the default module's bit for bit."""
+    """A spec with ``release_after_call``, opened with ``low_memory``, gets its own ncnn pools,
+    emptied after each call (the outputs are copies, so they survive); results equal the default
+    module's bit for bit."""
     d, record = toy_package["dir"], toy_package["record"]
     plain = open_toy(toy_package)
-    released = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", {**record, "release_after_call": True})
-    assert not plain._pools and len(released._pools) == 2
+    flagged = {**record, "release_after_call": True}
+    released = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", flagged, FP32.with_(low_memory=True))
+    default = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", flagged)  # a hint: low_memory decides
+    assert not plain._pools and not default._pools and len(released._pools) == 2
     inputs = toy_package["spec"].example_inputs({"seq": 23})
     first = released.run(inputs)
     for _ in range(3):
