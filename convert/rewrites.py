@@ -53,6 +53,10 @@ def gemm_to_innerproduct(graph: ParamGraph, *, module: str) -> list[dict]:
     bias. On a 2-D ``[rows, K]`` blob InnerProduct computes each row, like the Gemm. What
     changes: x86 InnerProduct keeps its weights in fp16 under ``use_fp16_storage`` (Gemm does
     not), and it is slower than Gemm on many rows, so this suits decode graphs.
+
+    The param file does not say a blob's rank: on a 3-D blob InnerProduct would flatten it where
+    Gemm computes per row. Variants are therefore always checked by local parity against the
+    torch wrapper (``parity.local.variant_parity``), which fails such a graph by its numbers.
     """
     changed = []
     for layer in graph.layers:

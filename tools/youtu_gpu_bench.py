@@ -10,7 +10,6 @@ Writes ``youtu_gpu.json`` into ``$OUT`` after every row and prints a markdown ta
 import copy
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from ncnnport.parity.metrics import compare
 from ncnnport.runtime.options import RuntimeOptions
+from ncnnport.runtime.torch_ratio import median_ms
 from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
 from ncnnport.targets import Target
 
@@ -34,14 +34,7 @@ vl = loaded.reference
 
 
 def med(fn, runs, warm=3):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts)
+    return median_ms(fn, runs, warmup=warm)
 
 
 backends = {"ncnn cpu t16": RuntimeOptions(num_threads=16), "ncnn vulkan fp32": RuntimeOptions(use_vulkan=True),

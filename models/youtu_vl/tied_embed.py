@@ -57,8 +57,10 @@ def read_head_table(param: Path, weights: Path) -> np.ndarray:
     if gemm.type == "InnerProduct":
         if _int(gemm, "1", param) != 0:
             raise TiedEmbeddingError(f"{param}: InnerProduct with a bias is not a tied head")
-        vocab = _int(gemm, "0", param)
-        k = _int(gemm, "2", param) // max(vocab, 1)
+        vocab, size = _int(gemm, "0", param), _int(gemm, "2", param)
+        if vocab <= 0 or size % vocab:
+            raise TiedEmbeddingError(f"{param}: InnerProduct weight_data_size {size} is not num_output {vocab} x K")
+        k = size // vocab
     elif _int(gemm, "5", param) != 1 or _int(gemm, "3", param) != 1:
         raise TiedEmbeddingError(f"{param}: Gemm B is not a constant [N,K] weight (5=1 3=1)")
     else:

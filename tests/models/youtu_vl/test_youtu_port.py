@@ -303,3 +303,24 @@ def test_tied_embedding_is_stored_once_and_read_from_the_lm_head(built, modules,
         read_head_table(pkg / "ncnn" / "lm_head.ncnn.param", bad)
     with pytest.raises(TiedEmbeddingError, match="Input, RMSNorm, Gemm"):
         read_head_table(pkg / "ncnn" / "llm_layer0.ncnn.param", pkg / "ncnn" / "llm_layer0.ncnn.bin")
+
+
+def test_tied_rows_read_the_same_from_the_head_and_its_decode_variant(built, tmp_path):
+    """The tied-embedding reader accepts the InnerProduct head (same .bin bytes) and refuses an
+    InnerProduct whose weight size is not num_output x hidden."""
+    from ncnnport.models.youtu_vl.tied_embed import TiedEmbeddingError, read_head_table
+
+    _, pkg = built
+    d = pkg / "ncnn"
+    base = read_head_table(d / "lm_head.ncnn.param", d / "lm_head.ncnn.bin")
+    variant = read_head_table(d / "lm_head.decode.ncnn.param", d / "lm_head.ncnn.bin")
+    assert np.array_equal(np.asarray(base), np.asarray(variant))
+    text = (d / "lm_head.decode.ncnn.param").read_text().splitlines()
+    ip = next(i for i, line in enumerate(text) if line.startswith("InnerProduct"))
+    n = int(next(t for t in text[ip].split() if t.startswith("0="))[2:])
+    size = next(t for t in text[ip].split() if t.startswith("2="))
+    text[ip] = text[ip].replace(size, f"2={n * base.shape[1] + 1}")
+    bad = tmp_path / "lm_head.decode.ncnn.param"
+    bad.write_text("\n".join(text) + "\n")
+    with pytest.raises(TiedEmbeddingError, match="weight_data_size"):
+        read_head_table(bad, d / "lm_head.ncnn.bin")

@@ -1,0 +1,49 @@
+"""The first-divergence trace's two gates on a two-call toy pipeline: module ``a`` is off by a
+little (inside its gate), module ``b`` amplifies its input 1000x and is itself exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ncnnport.contract import TensorSpec, Tolerance
+from ncnnport.parity.trace import first_divergence
+
+
+class Fn:
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+        self.inputs = [TensorSpec("x", (1, 8))]
+        self.outputs = [TensorSpec("y", (1, 8))]
+
+    def run(self, arrays):
+        return [self.fn(arrays[0])]
+
+
+def pipeline(modules):
+    x = np.linspace(1, 2, 8, dtype=np.float64)[None]
+    modules["b"].run(modules["a"].run([x]))
+
+
+def trace(a_error: float, b_error: float, gate: str):
+    torch_side = {"a": Fn("a", lambda x: x + 1), "b": Fn("b", lambda x: 1000 * x)}
+    ncnn_side = {"a": Fn("a", lambda x: x + 1 + a_error), "b": Fn("b", lambda x: 1000 * x + b_error)}
+    tol = Tolerance(min_cosine=0.0, max_abs_rel=0.0, max_abs_floor=1e-3)
+    return first_divergence("toy", pipeline, torch_side, ncnn_side, lambda m, o: tol, gate=gate)
+
+
+def test_inherited_error_fails_the_propagated_gate_only():
+    # a: 5e-4 < 1e-3 everywhere; b propagated: 1000 x 5e-4 = 0.5 > 1e-3, b local: exact
+    strict, local = trace(5e-4, 0.0, "propagated"), trace(5e-4, 0.0, "local")
+    assert strict["first_divergence"]["module"] == "b" and not strict["passed"]
+    assert local["first_divergence"]["module"] == "b" and local["passed"]
+    assert local["first_local_failure"] is None and "propagated only" in local["reason"]
+
+
+def test_a_module_wrong_on_its_own_inputs_fails_both_gates():
+    for gate in ("propagated", "local"):
+        t = trace(0.0, 0.01, gate)
+        assert not t["passed"] and t["first_divergence"]["module"] == "b"
+    assert trace(0.0, 0.01, "local")["first_local_failure"]["module"] == "b"
+    with pytest.raises(ValueError, match="trace gate"):
+        trace(0.0, 0.0, "loose")
