@@ -68,7 +68,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
     from ncnnport.reports.summary import write_report
     from ncnnport.stages import convert_stage, prepare
     ok = True
-    for t in _targets(args):
+    targets = _targets(args)
+    for t in targets:  # user files are checked before any model is built
+        get_port(t.model).validate_inputs(args.input or [])
+    for t in targets:
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
         if args.stream:
@@ -198,6 +201,7 @@ def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog=f"ncnnport run {args.model}")
     port.add_run_arguments(p)
     margs = p.parse_args(list(extra))
+    port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     prep = prepare(t)
     pkg = convert_stage(prep, force=args.force)

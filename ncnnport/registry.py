@@ -95,6 +95,15 @@ class ModelPort(ABC):
     def add_run_arguments(self, parser: Any) -> None:
         """Model-specific options of the ``run`` verb."""
 
+    def validate_run_args(self, args: Any) -> None:
+        """Check the ``run`` verb's model options (input files exist and decode, sizes are in
+        range) BEFORE any model is built, so a bad input costs milliseconds, not a model load.
+        Raise ``ValueError`` with one line naming the file or option."""
+
+    def validate_inputs(self, paths: Sequence[Path]) -> None:
+        """Check ``parity --input`` files before any model is built (same contract as
+        ``validate_run_args``)."""
+
     def bench_stages(self) -> dict[str, list[str]]:
         """Benchmarkable stages and their default sizes (``{"decode": ["16", "512"]}``)."""
         return {}
