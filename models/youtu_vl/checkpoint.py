@@ -52,7 +52,13 @@ def read_config(folder: Path) -> YoutuVLConfig:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder}: no config.json")
-    return YoutuVLConfig.from_json(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    return YoutuVLConfig.from_json(data, source=str(path))
 
 
 def load_checkpoint(folder: Path) -> tuple[YoutuVL, Any]:

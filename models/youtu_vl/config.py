@@ -131,7 +131,15 @@ class TextConfig:
 
 @dataclass(frozen=True)
 class ProcessorConfig:
-    """Image preprocessing (spec section 2): the ``max_image_patches=36864`` processor default."""
+    """Image preprocessing of the model card's HF processor (spec section 2).
+
+    ``max_num_patches = 36864``: ``YoutuVLProcessor.__call__`` (processing_youtu_vl.py, the
+    processor the model card ships) passes ``max_image_patches=36864`` to the SigLIP2 fast image
+    processor, overriding ``"max_num_patches": 256`` of preprocessor_config.json (quoted by
+    lablup/mlxcel's HF oracle and by openvino.genai's Youtu-VL port). The 49152 of Tencent's
+    vLLM fork belongs to its own image-processor rewrite (no antialias either), not the HF one,
+    so it is not used here. mean = std = 0.5 and the 0.02 scale step are that file's values.
+    """
 
     max_num_patches: int = 36864
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -175,23 +183,35 @@ class YoutuVLConfig:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "YoutuVLConfig":
-        """Read config.json; unknown top-level keys are ignored, known ones must have valid types."""
-        if data.get("model_type") not in ("youtu_vl", None):
-            raise ValueError(f"config.json model_type {data.get('model_type')!r} is not youtu_vl")
-        ids = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "image_token_id": IMAGE_PAD_ID}
-        for key, want in ids.items():
-            if key in data and data[key] != want:
-                raise ValueError(f"config.json {key}={data[key]} but this port expects {want}")
-        text_src = data.get("text_config", data)
-        text_src = dict(text_src)
+    def from_json(cls, data: Mapping[str, Any], source: str = "config.json") -> "YoutuVLConfig":
+        """Read a checkpoint's config.json strictly: every field the port uses must be there.
+
+        Why strict: a missing field silently taking our default (rope theta, norm eps, max
+        positions, ...) builds a different model whose parity numbers still look plausible.
+        Required are the fields the official config classes declare (``REQUIRED_*``; names as
+        in Tencent's vLLM ``YoutuVLConfig`` / ``Siglip2VisionConfig``, whose defaults are generic
+        placeholders, not this model's values). ``MODELLING_CONSTANTS`` are fixed in the official
+        modelling code rather than declared config fields, so their absence means the official
+        value; ``tie_word_embeddings`` absent means HF's ``PretrainedConfig`` default (True),
+        which ``save_pretrained`` drops from the file. ``source`` names the file in errors.
+        """
+        if data.get("model_type") != "youtu_vl":
+            raise ValueError(f"{source}: model_type {data.get('model_type')!r} is not youtu_vl")
+        _check_special_ids(data, source)
+        text_src = dict(data.get("text_config", data))
         if "rope_theta" not in text_src and isinstance(text_src.get("rope_parameters"), Mapping):
-            text_src["rope_theta"] = text_src["rope_parameters"].get("rope_theta")
-        text = _pick(TextConfig, text_src)
-        vsrc = dict(data.get("vision_config", {}))
-        if "fullatt_block_indexes" in vsrc:
-            vsrc["fullatt_block_indexes"] = tuple(vsrc["fullatt_block_indexes"])
-        vision = _pick(VisionConfig, vsrc)
+            if "rope_theta" in text_src["rope_parameters"]:
+                text_src["rope_theta"] = text_src["rope_parameters"]["rope_theta"]
+        text_src.setdefault("tie_word_embeddings", True)
+        text = TextConfig(**_required(text_src, REQUIRED_TEXT, source, ""))
+        if "vision_config" not in data:
+            raise ValueError(f"{source}: missing field 'vision_config'")
+        vsrc = dict(data["vision_config"])
+        vision_kw = _required(vsrc, REQUIRED_VISION, source, "vision_config.")
+        for name, official in MODELLING_CONSTANTS.items():
+            vision_kw[name] = vsrc.get(name, official)
+        vision_kw["fullatt_block_indexes"] = tuple(vision_kw["fullatt_block_indexes"])
+        vision = VisionConfig(**vision_kw)
         psrc = dict(data.get("processor_config", {}))
         for k in ("image_mean", "image_std"):
             if k in psrc:
@@ -201,6 +221,52 @@ class YoutuVLConfig:
                   system_prompt=data.get("system_prompt", cls.system_prompt))
         cfg.validate()
         return cfg
+
+
+# config.json fields the port reads, as the official config classes name them (top level /
+# ``text_config``, and ``vision_config``): each must be present.
+REQUIRED_TEXT = tuple(f.name for f in dataclasses.fields(TextConfig))
+REQUIRED_VISION = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                   "hidden_act", "layer_norm_eps", "patch_size", "num_channels", "out_hidden_size")
+# Vision-tower values the official modelling code fixes instead of reading a declared config
+# field (spec section 4; the vLLM port derives fullatt as (i+1) % 8 == 0 or the last layer).
+MODELLING_CONSTANTS: dict[str, Any] = {
+    "spatial_merge_size": 2, "window_size": 256, "fullatt_block_indexes": (7, 15, 23, 26),
+    "rope_theta": 10000.0,
+}
+# Special ids the prompt and the vision fusion rely on (names as in the official config class).
+REQUIRED_IDS = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "image_token_id": IMAGE_PAD_ID,
+                "vision_start_token_id": VISION_START_ID, "vision_end_token_id": VISION_END_ID}
+
+
+def _required(src: Mapping[str, Any], names: tuple[str, ...], source: str, prefix: str) -> dict[str, Any]:
+    """``{name: src[name]}`` for ``names``; the first missing one is a ValueError naming it."""
+    for name in names:
+        if name not in src or src[name] is None:
+            raise ValueError(f"{source}: missing field '{prefix}{name}' (no default is assumed)")
+    return {name: src[name] for name in names}
+
+
+def _check_special_ids(data: Mapping[str, Any], source: str) -> None:
+    """Every special id must be present and equal to the id the tokenizer and prompt use."""
+    for key, want in REQUIRED_IDS.items():
+        if key not in data:
+            raise ValueError(f"{source}: missing field '{key}' (this port expects {want})")
+        if data[key] != want:
+            raise ValueError(f"{source}: {key}={data[key]} but this port expects {want}")
+
+
+def check_positions(prompt_tokens: int, max_new_tokens: int, cfg: YoutuVLConfig) -> None:
+    """Refuse a generation whose last position would pass ``max_position_embeddings``.
+
+    Why: past that length the official model is outside what it was trained and configured
+    for (RoPE tables, cache sizes), so a port that silently continues gives numbers nobody can
+    compare; the prompt length counts every ``<|image_pad|>``.
+    """
+    limit = cfg.text.max_position_embeddings
+    if prompt_tokens + max_new_tokens > limit:
+        raise ValueError(f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the "
+                         f"model's max positions ({limit}, config max_position_embeddings)")
 
 
 def _pick(kind: type, src: Mapping[str, Any]) -> Any:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig
+from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig, check_positions
 from ncnnport.models.youtu_vl.processor import ProcessedImage
 from ncnnport.models.youtu_vl.prompt import fuse
 from ncnnport.models.youtu_vl.vision import PatchMerger, Siglip2
@@ -82,6 +82,7 @@ def reference_generate(vl: YoutuVL, ids: np.ndarray, image: ProcessedImage | Non
     """Greedy generation with the transformers LLM and its own KV cache (eager attention, fp32)."""
     from transformers import DynamicCache
 
+    check_positions(int(ids.size), max_new_tokens, vl.cfg)
     vision = merged = None
     if image is not None:
         vision = vl.vision_features(image)

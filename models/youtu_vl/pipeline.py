@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig
+from ncnnport.models.youtu_vl.config import EOS_ID, YoutuVLConfig, check_positions
 from ncnnport.models.youtu_vl.processor import (ProcessedImage, patch_permutation, patch_positions,
                                                 window_layout)
 from ncnnport.models.youtu_vl.prompt import fuse
@@ -234,6 +234,7 @@ def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
     """
     if forced is not None:
         max_new_tokens = min(max_new_tokens, len(forced))
+    check_positions(int(ids.size), max_new_tokens, cfg)
     runners = with_tied_embedding(runners)
     stepper = runners if decode_runners is None else {**runners, **decode_runners}
     vision = merged = None

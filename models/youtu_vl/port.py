@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -15,6 +15,32 @@ from ncnnport.registry import E2EContext, LoadedModel, ModelPort
 
 MIN_TOKENS = 64
 REAL_FIXTURES = ("grid_12x18", "text_only")
+MIN_PATCHES = 4  # the resize rule never goes below one 32x32 block = 2x2 patches
+
+
+def check_image_file(path: Path) -> None:
+    """Raise a one-line ``ValueError`` naming ``path`` unless it is a file PIL fully decodes.
+
+    PIL's decompression-bomb warning (more than ``Image.MAX_IMAGE_PIXELS`` pixels) is an error
+    here: such an image would cost gigabytes before the resize rule shrinks it.
+    """
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.exists():
+        raise ValueError(f"image {path}: no such file")
+    if path.is_dir():
+        raise ValueError(f"image {path}: is a directory, not an image file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise ValueError(f"image {path}: refused as a decompression bomb ({exc})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(f"image {path}: cannot be decoded as an image ({exc})") from None
 
 
 class YoutuVLPort(ModelPort):
@@ -59,17 +85,15 @@ class YoutuVLPort(ModelPort):
 
     # --- e2e parity ---------------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
-        from PIL import Image
-
         from ncnnport.models.youtu_vl.fixtures import FIXTURES
+        from ncnnport.models.youtu_vl.processor import load_image
 
         # real widths: one multi-window image and the text-only prompt (each fixture costs
         # minutes of CPU at real size); the tiny preset runs every fixture
         chosen = [f for f in FIXTURES if ctx.loaded.preset != "real" or f.name in REAL_FIXTURES]
         cases: list[tuple[str, Any, str]] = [(f.name, f.image(), f.prompt) for f in chosen]
         for path in ctx.user_inputs:
-            with Image.open(path) as img:
-                cases.append((f"user:{Path(path).name}", img.convert("RGB"), "Describe this image."))
+            cases.append((f"user:{Path(path).name}", load_image(path), "Describe this image."))
         min_tokens = int(ctx.policy.number("min_tokens", MIN_TOKENS, ctx.precision)) if ctx.policy \
             else MIN_TOKENS
         gate = ctx.policy.token_gate(ctx.precision) if ctx.policy else None
@@ -85,16 +109,13 @@ class YoutuVLPort(ModelPort):
     def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Prefill parity at full depth, one module of each side at a time (see streamed.py), on
         the first image fixture that spans several windows (or ``--input`` images)."""
-        from PIL import Image
-
         from ncnnport.models.youtu_vl.fixtures import FIXTURES
+        from ncnnport.models.youtu_vl.processor import load_image
         from ncnnport.models.youtu_vl.streamed import streamed_parity
 
         fixtures = [f for f in FIXTURES if f.name == "grid_12x18"]
         for path in ctx.user_inputs:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB")
-            fixtures.append(_FileFixture(f"user:{Path(path).name}", rgb))
+            fixtures.append(_FileFixture(f"user:{Path(path).name}", load_image(path)))
         records: list[dict[str, Any]] = []
         receipts: dict[str, Any] = {}
         for fx in fixtures:
@@ -138,27 +159,39 @@ class YoutuVLPort(ModelPort):
         parser.add_argument("--prompt", default="Describe this image.", help="user text")
         parser.add_argument("--max-new-tokens", type=int, default=128)
         parser.add_argument("--max-patches", type=int, default=None,
-                            help="patch cap of the resize rule (default: the processor's 36864)")
+                            help="patch cap of the resize rule (default: the official HF processor's 36864)")
         parser.add_argument("--show-special", action="store_true",
                             help="print special tokens too (the tiny preset mostly emits filler ids)")
         parser.add_argument("--fp16-decode", action="store_true",
                             help="one-token steps on the layers' and head's decode variants with fp16 "
                                  "weights (InnerProduct; about half the bytes per token), prompt in fp32")
 
-    def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
-        from PIL import Image
+    def validate_run_args(self, args: Any) -> None:
+        """``--image`` must be a decodable image file; sizes must be usable (before any load)."""
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be at least 1 (got {args.max_new_tokens})")
+        if args.max_patches is not None and args.max_patches < MIN_PATCHES:
+            raise ValueError(f"--max-patches must be at least {MIN_PATCHES} (one 2x2 merge block; "
+                             f"got {args.max_patches})")
+        if args.image is not None:
+            check_image_file(Path(args.image))
 
+    def validate_inputs(self, paths: Sequence[Path]) -> None:
+        """Every ``parity --input`` file must be a decodable image (before any model is built)."""
+        for path in paths:
+            check_image_file(Path(path))
+
+    def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
         from ncnnport.models.youtu_vl.config import EOS_ID
         from ncnnport.models.youtu_vl.pipeline import generate
-        from ncnnport.models.youtu_vl.processor import process_image
+        from ncnnport.models.youtu_vl.processor import load_image, process_image
         from ncnnport.models.youtu_vl.prompt import encode_prompt
 
         vl, tok = loaded.reference, loaded.extra["tokenizer"]
         cfg = vl.cfg
         image = None
         if args.image is not None:
-            with Image.open(args.image) as img:
-                image = process_image(img, cfg.vision, cfg.processor, args.max_patches)
+            image = process_image(load_image(args.image), cfg.vision, cfg.processor, args.max_patches)
         ids = encode_prompt(tok, args.prompt, None if image is None else image.num_tokens,
                             cfg.system_prompt)
         streamer = TextStreamer(tok, skip_special=not args.show_special)

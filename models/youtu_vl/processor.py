@@ -1,19 +1,70 @@
-"""Image preprocessing and the patch/window layout, on the host (numpy + PIL).
+"""Image loading, preprocessing and the patch/window layout, on the host (numpy + PIL, no torch).
 
 Why on the host: the resize rule loops over a float scale, and the window partition depends on
 the grid; neither traces into a graph. The same functions feed the PyTorch reference and the
 ncnn pipeline, so both see identical pixels, positions and windows.
+
+Official path (what this file reproduces bit for bit):
+- loading: transformers ``load_image`` (what ``processor.apply_chat_template`` uses):
+  ``PIL.ImageOps.exif_transpose`` then ``convert("RGB")``;
+- the model card's ``image_processing_siglip2_fast.py``: ``get_image_size_for_patches`` (sizes),
+  torchvision ``resize`` BILINEAR with ``antialias=True`` on the uint8 CHW tensor (on an AVX2 CPU
+  torchvision calls torch's uint8 antialiased kernel directly, no float round trip), then the
+  fast processor's fused rescale+normalize ``(x - 0.5*255) / (0.5*255)`` in float32.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from ncnnport.models.youtu_vl.config import ProcessorConfig, VisionConfig
+
+# PIL modes whose samples go above 255: convert("RGB") clips them (16-bit grey turns white).
+_HIGH_DEPTH_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+# PIL modes carrying an alpha band, which convert("RGB") drops without compositing.
+_ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
+
+
+def conversion_warnings(image: Image.Image) -> list[str]:
+    """What the official ``convert("RGB")`` will lose on ``image`` (empty when nothing).
+
+    Why warn instead of fixing: parity is with the official model, which sees the mangled
+    pixels; the user should know, but must get the same answer as the official pipeline.
+    """
+    notes: list[str] = []
+    if image.mode in _HIGH_DEPTH_MODES:
+        lo, hi = image.getextrema()
+        if hi > 255 or lo < 0:
+            notes.append(f"{image.mode} samples span {lo}..{hi}; the official RGB conversion clips "
+                         "them to 0..255 (a 16-bit image comes out mostly white)")
+    has_alpha = image.mode in _ALPHA_MODES or "transparency" in image.info
+    if has_alpha:
+        alpha_lo = image.getchannel("A").getextrema()[0] if image.mode in _ALPHA_MODES else 0
+        if alpha_lo < 255:
+            notes.append("transparency is dropped, not composited, by the official RGB conversion "
+                         "(transparent pixels show their stored colour)")
+    return notes
+
+
+def load_image(path: str | Path, warn_to: TextIO | None = None) -> Image.Image:
+    """Open ``path`` as the official loader does: EXIF orientation applied, then ``convert("RGB")``.
+
+    Lossy conversions (16-bit clipping, dropped alpha) are kept, as the official path does them,
+    and each is reported as one ``warning:`` line on ``warn_to`` (stderr by default).
+    """
+    out = sys.stderr if warn_to is None else warn_to
+    with Image.open(path) as img:
+        upright = ImageOps.exif_transpose(img)
+        for note in conversion_warnings(upright):
+            out.write(f"warning: {path}: {note}\n")
+        return upright.convert("RGB")
 
 
 def target_size(height: int, width: int, *, patch: int = 16, merge: int = 2,
@@ -39,16 +90,98 @@ def target_size(height: int, width: int, *, patch: int = 16, merge: int = 2,
             raise ValueError(f"cannot fit a {height}x{width} image into {max_num_patches} patches")
 
 
-def resize_normalize(image: Image.Image, size_hw: tuple[int, int], proc: ProcessorConfig) -> np.ndarray:
-    """RGB uint8 -> antialiased bilinear resize (PIL) -> ``(x/255 - mean)/std`` as ``[C,H,W]`` float32."""
-    rgb = image.convert("RGB")
+def _aa_linear_filter(x: np.ndarray) -> np.ndarray:
+    """The triangle filter of torch's antialiased bilinear mode."""
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+@dataclass(frozen=True)
+class AxisWeights:
+    """Fixed-point resampling taps of one axis: ``out[i] = sum_k in[start[i]+k] * taps[i,k]``,
+    rounded by ``precision`` bits (torch's ``_compute_index_ranges_int16_weights``)."""
+
+    start: np.ndarray      # [out] int64 first input index
+    taps: np.ndarray       # [out, K] int64 (int16 range); zero past each row's size
+    precision: int
+
+
+def axis_weights(in_size: int, out_size: int) -> AxisWeights:
+    """int16 taps of torch's uint8 antialiased bilinear kernel for one axis.
+
+    Mirrors aten/src/ATen/native/cpu/UpSampleKernel.cpp step by step, in float64 with the same
+    operation order, because a one-ulp change of a tap can move a rounded pixel: support
+    ``max(scale, 1)``, ``xmin = trunc(center - support + 0.5)`` clipped at 0, taps normalised
+    by their sum, precision = the largest shift keeping ``2 * max tap`` below 2**15, taps
+    rounded half away from zero.
+    """
+    scale = in_size / out_size
+    support = scale if scale >= 1.0 else 1.0
+    width = int(math.ceil(support)) * 2 + 1
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    centers = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
+    start = np.maximum(np.trunc(centers - support + 0.5).astype(np.int64), 0)
+    stop = np.minimum(np.trunc(centers + support + 0.5).astype(np.int64), in_size)
+    size = np.clip(stop - start, 0, width)
+    k = np.arange(width, dtype=np.int64)
+    pos = (start[:, None] + k[None, :]).astype(np.float64)
+    w = _aa_linear_filter((pos - centers[:, None] + 0.5) * invscale)
+    w = np.where(k[None, :] < size[:, None], w, 0.0)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.where(total != 0.0, w / np.where(total != 0.0, total, 1.0), 0.0)
+    precision = _weights_precision(float(w.max()))
+    v = w * float(1 << precision)
+    taps = np.where(v < 0, np.trunc(v - 0.5), np.trunc(v + 0.5)).astype(np.int64)
+    return AxisWeights(start, taps, precision)
+
+
+def _weights_precision(wt_max: float) -> int:
+    """Bits of the fixed-point taps: stop before ``round(2 * wt_max * 2**p)`` reaches 2**15."""
+    precision = 0
+    while precision < 22:
+        if int(0.5 + wt_max * (1 << (precision + 1))) >= (1 << 15):
+            break
+        precision += 1
+    return precision
+
+
+def _resample_axis(x: np.ndarray, axis: int, out_size: int) -> np.ndarray:
+    """One separable pass over ``axis`` of a uint8 array: integer multiply-add, round, clip."""
+    in_size = x.shape[axis]
+    if in_size == out_size:
+        return x
+    aw = axis_weights(in_size, out_size)
+    src = np.moveaxis(x, axis, 0).astype(np.int64)
+    acc = np.full((out_size,) + src.shape[1:], 1 << (aw.precision - 1), dtype=np.int64)
+    extra = (1,) * (src.ndim - 1)
+    for k in range(aw.taps.shape[1]):
+        idx = np.minimum(aw.start + k, in_size - 1)
+        acc += src[idx] * aw.taps[:, k].reshape((out_size,) + extra)
+    out = np.clip(acc >> aw.precision, 0, 255).astype(np.uint8)
+    return np.moveaxis(out, 0, axis)
+
+
+def resize_uint8(hwc: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
+    """torch ``interpolate(mode="bilinear", antialias=True, align_corners=False)`` on uint8, bit-exact.
+
+    This is what the official processor's torchvision resize runs on a uint8 image. Width is
+    resampled first, then height, through a clipped uint8 intermediate, as torch does.
+    """
     h, w = size_hw
-    if rgb.size != (w, h):
-        rgb = rgb.resize((w, h), resample=Image.Resampling.BILINEAR)
-    x = np.asarray(rgb, dtype=np.float32) / np.float32(255.0)
-    mean = np.asarray(proc.image_mean, dtype=np.float32)
-    std = np.asarray(proc.image_std, dtype=np.float32)
-    x = (x - mean) / std
+    return _resample_axis(_resample_axis(hwc, 1, w), 0, h)
+
+
+def resize_normalize(image: Image.Image, size_hw: tuple[int, int], proc: ProcessorConfig) -> np.ndarray:
+    """RGB uint8 -> official resize -> fused ``(x - 255*mean) / (255*std)`` as ``[C,H,W]`` float32.
+
+    The fast processor folds rescale (1/255) into mean and std and normalises in float32; doing
+    ``x/255`` first gives different roundings on half of the 256 levels.
+    """
+    rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    resized = resize_uint8(rgb, size_hw).astype(np.float32)
+    mean = np.asarray(proc.image_mean, dtype=np.float32) * np.float32(255.0)
+    std = np.asarray(proc.image_std, dtype=np.float32) * np.float32(255.0)
+    x = (resized - mean) / std
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
