@@ -8,9 +8,10 @@ folder against it: missing, extra and changed files, and unsafe paths.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from ncnnport.fsutil import read_json, sha256_file, write_json
 
@@ -35,12 +36,18 @@ def artifact_files(root: Path) -> list[Path]:
 
 
 def write_manifest(root: Path, *, model: str, source: str, config_hash: str, build_key: str,
-                   commands: list[dict[str, Any]], memory: dict[str, Any] | None = None) -> dict[str, Any]:
+                   commands: list[dict[str, Any]], memory: dict[str, Any] | None = None,
+                   modules: Sequence[str] | None = None) -> dict[str, Any]:
+    """Hash every artifact under ``root`` into ``manifest.json``; ``modules`` is the model's full
+    module list, so that a package later missing graphs (with a manifest rewritten to match)
+    still fails ``check_package``."""
     files = {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size}
              for p in artifact_files(root)}
     manifest = {"schema": SCHEMA, "model": model, "source": source, "config_sha256": config_hash,
                 "build_key": build_key, "versions": tool_versions(), "pnnx_commands": commands,
                 "files": files}
+    if modules is not None:
+        manifest["modules"] = list(modules)
     if memory is not None:
         manifest["memory"] = memory  # measured peak RSS per stage (see ncnnport.stages)
     write_json(root / MANIFEST, manifest)
@@ -52,18 +59,81 @@ def _unsafe(rel: str) -> bool:
     return p.is_absolute() or ".." in p.parts or "\\" in rel or rel.startswith("~")
 
 
-def check_package(root: Path) -> list[str]:
-    """Problems found (empty when the package matches its manifest exactly)."""
+class ManifestError(ValueError):
+    """A manifest that cannot be read or has fields of the wrong JSON type (names file and field)."""
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """The manifest at ``path`` with its structure checked: ``files`` an object of
+    ``{"sha256": str, "size": int}`` entries, ``pnnx_commands`` a list of objects."""
+    try:
+        manifest = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path}: manifest must be a JSON object, got {type(manifest).__name__}")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ManifestError(f"{path}: field 'files' must be an object, got {type(files).__name__}")
+    for rel, meta in files.items():
+        if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str)
+                and isinstance(meta.get("size"), int) and not isinstance(meta.get("size"), bool)):
+            raise ManifestError(f"{path}: field 'files'[{rel!r}] must be {{\"sha256\": string, \"size\": integer}}, "
+                                f"got {json.dumps(meta)[:80]}")
+    commands = manifest.get("pnnx_commands", [])
+    if not isinstance(commands, list) or not all(isinstance(c, dict) for c in commands):
+        raise ManifestError(f"{path}: field 'pnnx_commands' must be a list of objects")
+    modules = manifest.get("modules")
+    if modules is not None and not (isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+        raise ManifestError(f"{path}: field 'modules' must be a list of strings")
+    return manifest
+
+
+def package_modules(files: Mapping[str, Any]) -> set[str]:
+    """Module names a package holds: one ``specs/<name>.spec.json`` per converted graph."""
+    return {rel[len("specs/"): -len(".spec.json")] for rel in files
+            if rel.startswith("specs/") and rel.endswith(".spec.json") and rel.count("/") == 1}
+
+
+def module_problems(manifest: Mapping[str, Any], expected: Sequence[str] | None) -> list[str]:
+    """Graphs missing from a package. The module list is ``expected`` (the port's specs, when the
+    caller knows the model), else the manifest's own ``modules`` (recorded at build time), else
+    the modules its pnnx commands name; each needs its param and bin, and a spec JSON where the
+    list came from the port or the manifest's module list."""
+    files = manifest["files"]
+    if expected is not None:
+        wanted, need_spec = list(expected), True
+    elif isinstance(manifest.get("modules"), list):
+        wanted, need_spec = [str(m) for m in manifest["modules"]], True
+    else:
+        wanted, need_spec = [str(c["module"]) for c in manifest.get("pnnx_commands", []) if c.get("module")], False
+    out = []
+    absent = [m for m in wanted if f"ncnn/{m}.ncnn.param" not in files or f"ncnn/{m}.ncnn.bin" not in files
+              or (need_spec and f"specs/{m}.spec.json" not in files)]
+    if absent:
+        out.append(f"holds {len(wanted) - len(absent)} of {len(wanted)} modules; missing: {', '.join(absent[:8])}"
+                   + (f" and {len(absent) - 8} more" if len(absent) > 8 else ""))
+    if need_spec:
+        extra = sorted(package_modules(files) - set(wanted))
+        if extra:
+            out.append(f"modules not in the module list: {', '.join(extra[:8])}")
+    return out
+
+
+def check_package(root: Path, expected: Sequence[str] | None = None) -> list[str]:
+    """Problems found (empty when the package matches its manifest exactly and holds every
+    module of ``expected``, the model's module list; without it, every module its pnnx commands
+    name)."""
     root = Path(root)
     path = root / MANIFEST
     if not path.is_file():
         return [f"{path}: no manifest"]
     try:
-        manifest = read_json(path)
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
-        return [f"{path}: unreadable manifest ({exc})"]
-    problems = []
+        manifest = load_manifest(path)
+    except ManifestError as exc:
+        return [str(exc)]
+    files = manifest["files"]
+    problems = module_problems(manifest, expected)
     resolved_root = root.resolve()
     for rel, meta in files.items():
         if _unsafe(rel):

@@ -7,14 +7,17 @@ weights. pnnx exits 0 on graphs ncnn cannot load, so its output is always parsed
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ncnnport.contract import (patches_from_json, tensor_specs_from_json, variant_param_name,
                                variants_from_json)
@@ -27,6 +30,30 @@ PNNX_DTYPES = {"float32": "f32", "int32": "i32"}
 
 class ConvertError(RuntimeError):
     pass
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised like KeyboardInterrupt so that every ``finally`` runs (the pnnx
+    child is killed, its temp folder removed) before the process exits."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(f"terminated by signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While converting, SIGTERM raises :class:`Terminated` instead of killing the interpreter on
+    the spot (which would orphan pnnx and leave its work folder behind). SIGINT already raises
+    KeyboardInterrupt. Only the main thread may set handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def pnnx_executable() -> str:
@@ -81,7 +108,7 @@ def convert_module(spec: Mapping[str, Any], torchscript: Path, out_dir: Path, *,
     name = spec["name"]
     args = pnnx_args(spec, fp16_weights=fp16_weights)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"pnnx-{name}-") as tmp:
+    with sigterm_raises(), tempfile.TemporaryDirectory(prefix=f"pnnx-{name}-") as tmp:
         work = Path(tmp)
         local_pt = work / f"{name}.pt"
         try:  # a hard link costs no copy of a multi-GB TorchScript file

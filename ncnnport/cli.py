@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
-from ncnnport.registry import available_models, get_port
+from ncnnport.registry import available_models, get_port, model_names
 from ncnnport.targets import DEFAULT_BUILD_ROOT, Target
 
 VERBS = ("export", "convert", "parity", "report", "run", "check", "test")
@@ -27,6 +29,26 @@ def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
                    metavar="K", help="keep only the first K layers of every stack (models that support it)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_ROOT, help="artifact root (default: build)")
     p.add_argument("--force", action="store_true", help="redo export and conversion even if up to date")
+    p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
+                   help="a build folder in use by another ncnnport process: wait at most S seconds "
+                        "(0: fail at once naming its pid; default: wait)")
+
+
+def say(text: str, stream: Any = None) -> None:
+    """Print ``text`` whatever its characters: a non-UTF-8 file name (surrogate-escaped by
+    Python) is shown with its raw bytes escaped instead of raising UnicodeEncodeError."""
+    stream = stream or sys.stdout
+    enc = getattr(stream, "encoding", None) or "utf-8"
+    raw = text.encode(enc, "surrogateescape") if enc.lower().replace("-", "") == "utf8" else text.encode(enc, "replace")
+    print(raw.decode(enc, "backslashreplace"), file=stream)
+
+
+@contextlib.contextmanager
+def _locked(t: Target, args: argparse.Namespace) -> Iterator[None]:
+    """Hold the target's build folder for a whole verb (export, convert, parity, run)."""
+    from ncnnport.fsutil import build_lock
+    with build_lock(t.root, timeout=getattr(args, "lock_timeout", -1)):
+        yield
 
 
 def _models(arg: str | None) -> list[str]:
@@ -50,7 +72,8 @@ def _targets(args: argparse.Namespace) -> list[Target]:
 def cmd_export(args: argparse.Namespace) -> int:
     from ncnnport.stages import export_stage, log, prepare
     for t in _targets(args):
-        export_stage(prepare(t), force=args.force)
+        with _locked(t, args):
+            export_stage(prepare(t), force=args.force)
         log(f"{t.model}: TorchScript modules in {t.torchscript_dir}")
     return 0
 
@@ -58,7 +81,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from ncnnport.stages import convert_stage, log, prepare
     for t in _targets(args):
-        pkg = convert_stage(prepare(t), force=args.force)
+        with _locked(t, args):
+            pkg = convert_stage(prepare(t), force=args.force)
         log(f"{t.model}: ncnn package in {pkg}")
     return 0
 
@@ -72,13 +96,14 @@ def cmd_parity(args: argparse.Namespace) -> int:
     for t in targets:  # user files are checked before any model is built
         get_port(t.model).validate_inputs(args.input or [])
     for t in targets:
-        prep = prepare(t)
-        pkg = convert_stage(prep, force=args.force)
-        if args.stream:
-            from ncnnport.parity.run import run_streamed_parity
-            summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
-        else:
-            summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
+        with _locked(t, args):
+            prep = prepare(t)
+            pkg = convert_stage(prep, force=args.force)
+            if args.stream:
+                from ncnnport.parity.run import run_streamed_parity
+                summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
+            else:
+                summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
         if args.sweep:
             from ncnnport.parity.sweep import sweep_table
             print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
@@ -96,39 +121,79 @@ def _print_gates(title: str, summary: dict, summary_path: Path) -> None:
     print(f"report: {summary_path.parent / 'report.md'} (also report.html, junit.xml)\nsummary: {summary_path}")
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def summary_path(path: Path) -> Path:
+    """A summary given as its file or as the report folder holding ``summary.json``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(errno.ENOENT, "no summary.json there", str(path))
+    return path
+
+
+def load_summary(path: Path) -> dict[str, Any]:
+    """A summary.json checked to be a JSON object with ``modules`` and ``e2e`` record lists."""
     from ncnnport.fsutil import read_json
-    from ncnnport.reports.summary import write_report
+    summary = read_json(path)
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: a summary must be a JSON object")
+    for key in ("modules", "e2e"):
+        if not isinstance(summary.get(key), list) or not all(isinstance(r, dict) for r in summary[key]):
+            raise ValueError(f"{path}: field {key!r} must be a list of records")
+    return summary
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ncnnport.reports.summary import verified_gates, write_report
     ok = True
+    old = None
+    if args.compare:
+        compare_path = summary_path(args.compare)
+        old = load_summary(compare_path)
     for t in _targets(args):
         path = t.report_dir / "summary.json"
         if not path.is_file():
-            print(f"{t.model}: no summary at {path}; run `ncnnport parity {t.model}` first", file=sys.stderr)
+            say(f"{t.model}: no summary at {path}; run `ncnnport parity {t.model}` first", sys.stderr)
             ok = False
             continue
-        summary = read_json(path)
+        summary = load_summary(path)
+        for line in verified_gates(summary):  # a hand-edited verdict is not believed
+            say(f"{t.model}: {line}", sys.stderr)
         write_report(summary, t.report_dir)
-        if args.compare:
+        if old is not None:
             from ncnnport.reports.compare import regressions
-            found = regressions(read_json(args.compare), summary)
-            print(f"\nregressions vs {args.compare}: {len(found)}")
+            found = regressions(old, summary)
+            say(f"\nregressions vs {compare_path}: {len(found)}")
             for line in found:
-                print(f"  - {line}")
+                say(f"  - {line}")
             ok = ok and not found
         _print_gates(t.model, summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
 
 
+def _check_jobs(args: argparse.Namespace) -> list[tuple[Path, list[str] | None]]:
+    """(package folder, expected module list) to check: a model's build package against the
+    module list its port derives (a package holding 3 of 10 graphs fails); ``--package``
+    against the module list its manifest recorded at build time."""
+    if args.package:
+        return [(args.package, None)]
+    from ncnnport.stages import prepare
+    return [(t.package_dir, [s.name for s in prepare(t).specs]) for t in _targets(args)]
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    from ncnnport.convert.manifest import check_package
-    folders = [args.package] if args.package else [t.package_dir for t in _targets(args)]
+    from ncnnport.convert.manifest import MANIFEST, check_package, load_manifest
     bad = 0
-    for folder in folders:
-        problems = check_package(folder)
-        print(f"{folder}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    for folder, expected in _check_jobs(args):
+        if Path(folder).is_file():
+            raise NotADirectoryError(errno.ENOTDIR, "a package is a folder, not a file", str(folder))
+        if (Path(folder) / MANIFEST).is_file():
+            load_manifest(Path(folder) / MANIFEST)  # wrong JSON types: one error line, exit 2
+        problems = check_package(folder, expected=expected)
+        say(f"{folder}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
         for p in problems:
-            print(f"  - {p}")
+            say(f"  - {p}")
         bad += bool(problems)
     return 1 if bad else 0
 
@@ -195,16 +260,28 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return run_nightly(_targets(args), args.build_dir / "nightly")
 
 
-def cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+def seeded_note(t: Target) -> str | None:
+    """The one line ``run`` prints when it runs seeded weights: their output is filler."""
+    if t.ckpt is not None:
+        return None
+    return (f"note: {t.model} runs seeded weights (preset {t.preset}), not a checkpoint: its output is "
+            "filler by construction (text comes out as filler tokens); pass --ckpt FOLDER for real output")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the port; ``args`` holds the generic options and the model's own (one parser, so
+    ``ncnnport run MODEL --help`` lists both)."""
     from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
     port = get_port(args.model)
-    p = argparse.ArgumentParser(prog=f"ncnnport run {args.model}")
-    port.add_run_arguments(p)
-    margs = p.parse_args(list(extra))
+    margs = args
     port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
-    prep = prepare(t)
-    pkg = convert_stage(prep, force=args.force)
+    note = seeded_note(t)
+    if note:
+        say(note, sys.stderr)
+    with _locked(t, args):
+        prep = prepare(t)
+        pkg = convert_stage(prep, force=args.force)
     from ncnnport.runtime.options import RuntimeOptions
     options = RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory)
     if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
@@ -219,7 +296,14 @@ def cmd_test(args: argparse.Namespace, extra: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", "pytest", *extra])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _run_model(argv: Sequence[str]) -> str | None:
+    """The model named on a ``run`` command line (the first argument that is a model name)."""
+    names = set(model_names())
+    return next((a for a in argv[1:] if a in names), None)
+
+
+def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; with ``run_model``, ``run`` also carries that model's own options."""
     parser = argparse.ArgumentParser(prog="ncnnport", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
     for verb in ("export", "convert"):
@@ -272,29 +356,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--low-memory", action="store_true",
                    help="graphs marked release_after_call (e.g. the SeedVR2 VAE) return their activation "
                         "memory after each call: peak = the largest such graph, not their sum; slower")
+    if run_model is not None:
+        get_port(run_model).add_run_arguments(p.add_argument_group(f"{run_model} options"))
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")
     return parser
 
 
+USER_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR,
+               errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.EDQUOT}
+
+
+def user_error(exc: BaseException) -> str | None:
+    """One line for an error the user can fix (bad input, missing or mistyped file, full or
+    read-only disk, undecodable name); None for anything else (a bug: keep its traceback)."""
+    if isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                                                          PermissionError)) and exc.errno not in USER_ERRNOS:
+        return None
+    if isinstance(exc, OSError) and exc.filename is not None:
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+        return f"{where}: {exc.strerror or exc}"
+    if isinstance(exc, (OSError, ValueError, UnicodeError, KeyError, RuntimeError)):
+        text = str(exc) if not isinstance(exc, KeyError) else f"{exc.args[0] if exc.args else exc}"
+        if isinstance(exc, RuntimeError) and type(exc).__name__ == "ConvertError":
+            return text  # keeps pnnx's own output under its first line
+        return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return None
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Parse ``argv``; only ``test`` passes unknown arguments on (to pytest)."""
+    if argv and argv[0] == "test":
+        return build_parser().parse_known_args(argv)
+    run_model = _run_model(argv) if argv and argv[0] == "run" else None
+    return build_parser(run_model).parse_args(argv), []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if argv and argv[0] in ("run", "test"):
-        args, extra = parser.parse_known_args(argv)
-        if args.verb == "test":
-            return cmd_test(args, extra)
-        handler = lambda a: cmd_run(a, extra)  # noqa: E731
-    else:
-        args = parser.parse_args(argv)
-        handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity,
-                   "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
-                   "nightly": cmd_nightly, "bench-package": cmd_bench_package}[args.verb]
+    args, extra = _parse(argv)
+    if args.verb == "test":
+        return cmd_test(args, extra)
+    handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity, "run": cmd_run,
+               "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
+               "nightly": cmd_nightly, "bench-package": cmd_bench_package}[args.verb]
+    from ncnnport.convert.pnnx_runner import Terminated
     try:
         return handler(args)
-    except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
-        if os.environ.get("NCNNPORT_DEBUG"):
+    except KeyboardInterrupt:
+        say(f"ncnnport {args.verb}: interrupted", sys.stderr)
+        return 130
+    except Terminated:
+        say(f"ncnnport {args.verb}: terminated", sys.stderr)
+        return 143
+    except Exception as exc:  # noqa: BLE001 - user errors become one line, bugs keep their traceback
+        line = user_error(exc)
+        if line is None or os.environ.get("NCNNPORT_DEBUG"):
             raise
-        print(f"ncnnport {args.verb}: error: {exc} (NCNNPORT_DEBUG=1 for the traceback)", file=sys.stderr)
+        say(f"ncnnport {args.verb}: error: {line} (NCNNPORT_DEBUG=1 for the traceback)", sys.stderr)
         return 2
 
 

@@ -28,7 +28,7 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -206,6 +206,17 @@ class SeededSource(WeightSource):
 
 
 # --- safetensors source -------------------------------------------------------------------------
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded checkpoint's index, checked: tensor name -> shard file."""
+    from ncnnport.fsutil import read_json
+
+    data = read_json(index)
+    wm = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise ValueError(f"{index}: field 'weight_map' must be an object of tensor name -> shard file")
+    return wm
+
+
 def checkpoint_shards(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder: ``model.safetensors`` or every shard named by
     the index. Pickle weights are refused with a hint; every loader in the project uses this."""
@@ -215,7 +226,7 @@ def checkpoint_shards(folder: Path) -> list[Path]:
         return [single]
     index = folder / INDEX_NAME
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_weight_map(index)
         files = [folder / shard for shard in sorted(set(weight_map.values()))]
         missing = [str(p) for p in files if not p.is_file()]
         if missing:
@@ -226,20 +237,43 @@ def checkpoint_shards(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"{folder}: no {WEIGHTS_NAME} or {INDEX_NAME}{hint}")
 
 
-def weight_files(folder: Path) -> dict[str, Path]:
-    """tensor name -> file, from ``model.safetensors`` or the sharded index (no tensor read)."""
+@contextlib.contextmanager
+def open_safetensors(path: Path) -> Iterator[Any]:
+    """``safe_open`` with a damaged file (bad header, truncated, not safetensors at all) turned
+    into a ValueError naming the file, instead of the library's bare message."""
     from safetensors import safe_open
 
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - SafetensorError derives from Exception only
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
+    with handle as f:
+        yield f
+
+
+def refuse_non_float(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+    """Weights must be floating point: an integer or bool tensor where a weight is expected is a
+    wrong or damaged checkpoint, never something to cast silently."""
+    if not tensor.dtype.is_floating_point:
+        raise ValueError(f"{path}: tensor {name!r} has dtype {str(tensor.dtype).replace('torch.', '')}; "
+                         "weights must be floating point")
+    return tensor
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> file, from ``model.safetensors`` or the sharded index (no tensor read)."""
     folder = Path(folder)
     shards = checkpoint_shards(folder)
     index = folder / INDEX_NAME
     if shards == [folder / WEIGHTS_NAME] or not index.is_file():
         out: dict[str, Path] = {}
         for shard in shards:
-            with safe_open(str(shard), framework="pt") as f:
+            with open_safetensors(shard) as f:
                 out.update({k: shard for k in f.keys()})
         return out
-    return {name: folder / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+    return {name: folder / shard for name, shard in read_weight_map(index).items()}
 
 
 class SafetensorsSource(WeightSource):
@@ -249,13 +283,12 @@ class SafetensorsSource(WeightSource):
     def __init__(self, folder: Path, aliases: Mapping[str, str] | None = None,
                  rename: Callable[[str], str] | None = None) -> None:
         super().__init__(aliases)
-        from safetensors import safe_open
 
         self.folder = Path(folder)
         self.files = weight_files(self.folder)
         self._shapes: dict[str, tuple[int, ...]] = {}
         for path in sorted(set(self.files.values())):
-            with safe_open(str(path), framework="pt") as f:
+            with open_safetensors(path) as f:
                 for k in f.keys():
                     if self.files.get(k) == path:
                         self._shapes[k] = tuple(f.get_slice(k).get_shape())
@@ -274,19 +307,15 @@ class SafetensorsSource(WeightSource):
         return name
 
     def _load(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.files[name]), framework="pt") as f:
-            t = f.get_tensor(self._key(name))
+        with open_safetensors(self.files[name]) as f:
+            t = refuse_non_float(f.get_tensor(self._key(name)), name, self.files[name])
         # float32 stays a view of the mapped file (page cache, released with the tensor): a clone
         # would hold the file pages AND an anonymous copy, twice the module at the peak
         return t if t.dtype == torch.float32 else t.to(torch.float32)
 
     def _load_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.files[name]), framework="pt") as f:
-            return f.get_slice(self._key(name))[start:stop]
+        with open_safetensors(self.files[name]) as f:
+            return refuse_non_float(f.get_slice(self._key(name))[start:stop], name, self.files[name])
 
     def describe(self) -> str:
         return f"checkpoint {self.folder}"

@@ -7,6 +7,7 @@ stability check) or when the run regressed against the last stored nightly summa
 from __future__ import annotations
 
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -58,12 +59,30 @@ def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[
             "reason": "; ".join(problems)}
 
 
+def history_dir(store: Path, now: datetime | None = None) -> Path:
+    """A new folder ``store/history/<UTC timestamp, microseconds>/`` for this run (names sort in
+    time order), created exclusively: a clash gets ``-1``, ``-2``..., so no run's history is ever
+    overwritten."""
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S.%fZ")
+    root = store / "history"
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1000):
+        folder = root / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{root}: 1000 nightly runs at {stamp}")
+
+
 def run_nightly(targets: Sequence[Any], store: Path) -> int:
     from ncnnport.reports.compare import regressions
     from ncnnport.reports.summary import gate_table, write_report
     from ncnnport.stages import convert_stage, prepare
 
     failed = False
+    history = history_dir(store)
     for t in targets:
         prep = prepare(t)
         pkg = convert_stage(prep)
@@ -87,6 +106,10 @@ def run_nightly(targets: Sequence[Any], store: Path) -> int:
         for line in found:
             print(f"  - {line}")
         print(f"report: {path.parent / 'report.html'}")
+        kept = history / t.model / "summary.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, kept)  # every run, passing or not; the folder is new, nothing is replaced
+        print(f"history: {kept}")
         if ok:  # only a passing run becomes the baseline for the next night
             last.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, last)

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ncnnport.contract import ModuleSpec
-from ncnnport.convert.manifest import check_package, tool_versions, write_manifest
+from ncnnport.convert.manifest import check_package, tool_versions, write_manifest  # noqa: F401
 from ncnnport.convert.pnnx_runner import convert_module
 from ncnnport.export.tracing import export_module
-from ncnnport.fsutil import read_json, sha256_json, write_json
+from ncnnport.fsutil import build_lock, read_json, sha256_file, sha256_json, write_json
 from ncnnport.parity.policy import Policy
 from ncnnport.registry import LoadedModel, ModelPort, get_port
 from ncnnport.runtime.options import FP32, RuntimeOptions
-from ncnnport.targets import Target, checkpoint_fingerprint, code_hash
+from ncnnport.targets import Target, checkpoint_fingerprint, code_file_hashes, code_hash
 
 
 def log(msg: str) -> None:
@@ -40,6 +40,9 @@ class Prepared:
     build_key: str
     config_hash: str
     timings: dict[str, float] = field(default_factory=dict)
+    # what the build key was computed from, finer grained (per code file, per module spec), kept in
+    # state.json so that a rebuild can say which file or key changed
+    key_parts: dict[str, Any] = field(default_factory=dict)
 
     def spec(self, name: str) -> ModuleSpec:
         for s in self.specs:
@@ -74,12 +77,131 @@ def prepare(target: Target, precision: str = "fp32") -> Prepared:
         "preset": target.preset, "specs": [s.to_json() for s in specs], "versions": tool_versions(),
         **({"layers": target.layers} if target.layers is not None else {}),
     })
+    parts = {"config": config_hash, "code": code_file_hashes(target.model),
+             "ckpt": checkpoint_fingerprint(target.ckpt), "preset": target.preset,
+             "specs": {s.name: sha256_json(s.to_json()) for s in specs}, "versions": tool_versions(),
+             "layers": target.layers}
     return Prepared(target, port, loaded, policy, specs, key, config_hash,
-                    {"load_s": time.perf_counter() - t0})
+                    {"load_s": time.perf_counter() - t0}, key_parts=parts)
+
+
+def _short(v: Any) -> str:
+    """A hash shortened to 12 hex digits; other values as they are."""
+    text = str(v)
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def key_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per build-key input that differs between two ``key_parts`` records: the file,
+    module or key, with its old and new value (hashes shortened)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            for sub in sorted(set(a) | set(b)):
+                if a.get(sub) != b.get(sub):
+                    out.append(f"{key} {sub}: {_short(a.get(sub, 'absent'))} -> {_short(b.get(sub, 'absent'))}")
+        else:
+            out.append(f"{key}: {_short(a if key in old else 'absent')} -> {_short(b if key in new else 'absent')}")
+    return out
+
+
+def rebuild_reasons(state: dict[str, Any], stage_key: str, prep: "Prepared", force: bool,
+                    problems: Sequence[str] = ()) -> list[str]:
+    """Why ``stage_key`` (exported / converted...) must be redone, one line each: ``--force``, no
+    earlier build, the build-key inputs that changed, or the package's own problems."""
+    if force:
+        return ["--force was given"]
+    old_key = state.get(stage_key)
+    if old_key is None:
+        return [f"no earlier {stage_key} build recorded in {prep.target.state_file}"]
+    if old_key != prep.build_key:
+        old_parts = state.get("key_parts", {}).get(stage_key)
+        if old_parts is None:
+            return [f"build key {_short(old_key)} -> {_short(prep.build_key)} "
+                    "(the earlier build recorded no key inputs to name the change)"]
+        return key_changes(old_parts, prep.key_parts) or [
+            f"build key {_short(old_key)} -> {_short(prep.build_key)}"]
+    return [f"package: {p}" for p in problems]
+
+
+def _record_stage(target: Target, stage_keys: Sequence[str], prep: "Prepared") -> None:
+    """Mark ``stage_keys`` done with this build key in state.json, with the key's inputs."""
+    state = _state(target)
+    parts = dict(state.get("key_parts", {}))
+    for k in stage_keys:
+        state[k] = prep.build_key
+        parts[k] = prep.key_parts
+    write_json(target.state_file, {**state, "key_parts": parts})
 
 
 def _state(target: Target) -> dict[str, Any]:
     return read_json(target.state_file) if target.state_file.is_file() else {}
+
+
+def _is_temp(rel: str) -> bool:
+    """Temp files of the atomic writers (``.<name>.<random>.tmp``, ``.<name>.tmp<pid>``)."""
+    name = rel.rsplit("/", 1)[-1]
+    return name.startswith(".") and ".tmp" in name
+
+
+def trace_file_is_ours(rel: str) -> bool:
+    """Files the export stage writes into ``torchscript/``."""
+    return "/" not in rel and (rel.endswith((".pt", ".spec.json")) or rel == "progress.json" or _is_temp(rel))
+
+
+def package_file_is_ours(rel: str) -> bool:
+    """Files the convert stage writes into a package folder (``ncnn/``, ``specs/``, ``assets/``,
+    the manifest, the progress record)."""
+    top = rel.split("/", 1)[0]
+    return (top in ("ncnn", "specs", "assets") and "/" in rel) or rel in (
+        "manifest.json", ".progress.json") or _is_temp(rel)
+
+
+def refuse_foreign_files(folder: Path, is_ours: Any) -> None:
+    """Raise, naming them, if ``folder`` holds files (or links) that ``is_ours`` (on the relative
+    path) does not recognise as written by ncnnport."""
+    if not folder.exists():
+        return
+    foreign = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                     if (p.is_file() or p.is_symlink()) and not is_ours(p.relative_to(folder).as_posix()))
+    if foreign:
+        shown = ", ".join(repr(f) for f in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(f"{folder}: refusing to delete it for a rebuild: it holds files ncnnport did not "
+                         f"write ({shown}); move them elsewhere")
+
+
+def remove_owned_tree(folder: Path, is_ours: Any) -> None:
+    """Delete ``folder`` only if every file in it is one ncnnport writes there; otherwise refuse,
+    naming the foreign files: a user's file is never lost to a rebuild."""
+    refuse_foreign_files(folder, is_ours)
+    if folder.exists():
+        shutil.rmtree(folder)
+
+
+def _manifest_files(pkg: Path) -> set[str] | None:
+    """Relative paths the package's manifest lists (None when there is no readable manifest)."""
+    try:
+        files = read_json(pkg / "manifest.json")["files"]
+        return set(files) if isinstance(files, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def package_owner_check(pkg: Path) -> Any:
+    """Which files of an existing package ncnnport wrote: those its manifest lists (or, without a
+    readable manifest, the files of the package layout)."""
+    listed = _manifest_files(pkg)
+    if listed is None:
+        return package_file_is_ours
+    return lambda rel: rel in listed or rel in ("manifest.json", ".progress.json") or _is_temp(rel)
+
+
+def remove_package(pkg: Path) -> None:
+    """Delete an old package before the new one is renamed into place (only files it wrote)."""
+    remove_owned_tree(pkg, package_owner_check(pkg))
 
 
 class Progress:
@@ -140,8 +262,14 @@ def export_stage(prep: Prepared, force: bool = False) -> list[dict[str, Any]]:
 
     Each finished module is recorded in ``torchscript/progress.json`` (after its ``.pt`` and spec
     JSON were written atomically); an interrupted run continues with the first unfinished
-    module. Peak RSS is measured per module (VmHWM reset before each) and for the stage.
+    module. Peak RSS is measured per module (VmHWM reset before each) and for the stage. The
+    build folder is locked for the duration (one process per build folder).
     """
+    with build_lock(prep.target.root):
+        return _export_locked(prep, force)
+
+
+def _export_locked(prep: Prepared, force: bool) -> list[dict[str, Any]]:
     from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
 
     t = prep.target
@@ -150,13 +278,15 @@ def export_stage(prep: Prepared, force: bool = False) -> list[dict[str, Any]]:
             (t.torchscript_dir / f"{s.name}.pt").is_file() for s in prep.specs):
         log(f"{t.model}: export up to date ({len(prep.specs)} modules)")
         return [read_json(t.torchscript_dir / f"{s.name}.spec.json") for s in prep.specs]
+    for reason in rebuild_reasons(state, "exported", prep, force, ["a TorchScript file is missing"]):
+        log(f"{t.model}: exporting: {reason}")
     progress_file = t.torchscript_dir / "progress.json"
     resume = {} if force else _resume_state(progress_file, prep.build_key)
     done: dict[str, dict[str, Any]] = {
         n: m for n, m in resume.get("done", {}).items()
         if (t.torchscript_dir / f"{n}.pt").is_file() and (t.torchscript_dir / f"{n}.spec.json").is_file()}
     if not resume and t.torchscript_dir.exists():
-        shutil.rmtree(t.torchscript_dir)
+        remove_owned_tree(t.torchscript_dir, trace_file_is_ours)
     elif done:
         log(f"{t.model}: export resumes: {len(done)}/{len(prep.specs)} modules already done")
     t.torchscript_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +312,9 @@ def export_stage(prep: Prepared, force: bool = False) -> list[dict[str, Any]]:
         write_json(progress_file, {"key": prep.build_key, "done": done, "baseline_rss_mb": baseline})
         progress.finish(i, spec.name, time.perf_counter() - m0, f", peak RSS {mb(peak):.0f} MB")
     prep.timings["export_s"] = time.perf_counter() - t0
-    write_json(t.state_file, {"exported": prep.build_key})  # conversions of older exports are stale
+    state = {k: v for k, v in _state(t).items() if k not in ("converted", "converted_fp16w")}
+    write_json(t.state_file, state)  # conversions of older exports are stale
+    _record_stage(t, ["exported"], prep)
     return records
 
 
@@ -238,6 +370,43 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     traces are already up to date): False traces, converts and deletes each module's TorchScript
     in turn, so disk holds the package plus one trace.
     """
+    with build_lock(prep.target.root):
+        return _convert_locked(prep, force, fp16_weights, keep_traces)
+
+
+def _receipt_hashes(folder: Path, name: str, receipt: dict[str, Any]) -> dict[str, str]:
+    """sha256 of every file a converted module left in ``folder`` (param, bin, spec JSON and
+    variant params), keyed by relative path: what a resumed run re-checks."""
+    rels = [f"ncnn/{name}.ncnn.param", f"ncnn/{name}.ncnn.bin", f"specs/{name}.spec.json"]
+    rels += [f"ncnn/{v['param']}" for v in receipt.get("variants", [])]
+    return {rel: sha256_file(folder / rel) for rel in rels}
+
+
+def _verified_leftovers(folder: Path, done: dict[str, dict[str, Any]], model: str) -> dict[str, dict[str, Any]]:
+    """The recorded modules of a partial package whose files still hash as their receipts say;
+    a missing or changed file (a disk error, a hand edit, a killed copy) is redone, said in one
+    line naming the file with its recorded and present sha256."""
+    kept = {}
+    for name, receipt in done.items():
+        recorded = receipt.get("sha256")
+        if not isinstance(recorded, dict) or not recorded:
+            log(f"{model}: convert redoes {name}: its receipt records no sha256")
+            continue
+        bad = None
+        for rel, sha in recorded.items():
+            path = folder / rel
+            now = sha256_file(path) if path.is_file() else "missing"
+            if now != sha:
+                bad = f"{rel}: receipt sha256 {_short(sha)}, file {_short(now)}"
+                break
+        if bad:
+            log(f"{model}: convert redoes {name}: {bad}")
+        else:
+            kept[name] = receipt
+    return kept
+
+
+def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces: bool | None) -> Path:
     from ncnnport.memory import mb, peak_rss_bytes, release_memory, reset_peak_rss, rss_bytes
 
     t = prep.target
@@ -246,9 +415,15 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     state_key = "converted" if not fp16_weights else "converted_fp16w"
     # an up-to-date package needs no traces: they may have been deleted to free disk (20 GB at
     # real Youtu-VL size), and re-exporting them only to skip the conversion would be waste
-    if not force and state.get(state_key) == prep.build_key and not check_package(pkg):
-        log(f"{t.model}: convert up to date ({pkg})")
-        return pkg
+    problems: list[str] = []
+    if not force and state.get(state_key) == prep.build_key:  # hash the package only when it may be current
+        problems = check_package(pkg, expected=[s.name for s in prep.specs]) if pkg.exists() else [f"{pkg} is missing"]
+        if not problems:
+            log(f"{t.model}: convert up to date ({pkg})")
+            return pkg
+    for reason in rebuild_reasons(state, state_key, prep, force, problems):
+        log(f"{t.model}: converting{' (fp16 weights)' if fp16_weights else ''}: {reason}")
+    refuse_foreign_files(pkg, package_owner_check(pkg))  # before hours of work, not after
     sizes = _weight_bytes(prep)
     if keep_traces is None:  # keep small models' traces; stream the ones that would cost GBs of disk
         keep_traces = sum(sizes.values()) < STREAM_TRACES_ABOVE or (
@@ -258,12 +433,10 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     progress_file = tmp / ".progress.json"
     key = {"build_key": prep.build_key, "fp16_weights": fp16_weights}
     resume = {} if force else _resume_state(progress_file, key)
-    done: dict[str, dict[str, Any]] = {
-        n: r for n, r in resume.get("done", {}).items()
-        if all((tmp / p).is_file() for p in (f"ncnn/{n}.ncnn.param", f"ncnn/{n}.ncnn.bin", f"specs/{n}.spec.json"))}
+    done = _verified_leftovers(tmp, resume.get("done", {}), t.model)
     names = [s.name for s in prep.specs]
     if not done and tmp.exists():
-        shutil.rmtree(tmp)
+        remove_owned_tree(tmp, package_file_is_ours)
     elif done:
         log(f"{t.model}: convert resumes: {len(done)}/{len(names)} modules already done")
     (tmp / "ncnn").mkdir(parents=True, exist_ok=True)
@@ -299,12 +472,13 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
             receipt["export_peak_rss_mb"] = export_peak
         receipt["peak_rss_mb"] = mb(peak_rss_bytes())
         receipt["weight_bytes"] = sizes.get(name)
+        receipt["sha256"] = _receipt_hashes(tmp, name, receipt)
         done[name] = receipt
         write_json(progress_file, {"key": key, "done": done, "baseline_rss_mb": baseline})
         progress.finish(i, name, time.perf_counter() - m0,
                         f", peak RSS {receipt['peak_rss_mb']:.0f} MB (pnnx {receipt['pnnx_peak_rss_mb']:.0f} MB)")
     prep.timings["convert_s"] = time.perf_counter() - t0
-    receipts = [done[n] for n in names]
+    receipts = [{k: v for k, v in done[n].items() if k != "sha256"} for n in names]
     if records is not None:
         export_progress = _resume_state(t.torchscript_dir / "progress.json", prep.build_key)
     else:  # streamed: the export peaks were measured inside this loop
@@ -322,12 +496,10 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
     _copy_assets(prep.loaded, tmp / "assets")
     progress_file.unlink(missing_ok=True)
     write_manifest(tmp, model=t.model, source=t.source, config_hash=prep.config_hash,
-                   build_key=prep.build_key, commands=receipts, memory=memory)
-    if pkg.exists():
-        shutil.rmtree(pkg)
+                   build_key=prep.build_key, commands=receipts, memory=memory, modules=names)
+    remove_package(pkg)
     tmp.rename(pkg)  # the package appears whole or not at all
-    exported = {"exported": prep.build_key} if records is not None else {}  # streamed: no traces kept
-    write_json(t.state_file, {**_state(t), **exported, state_key: prep.build_key})
+    _record_stage(t, (["exported"] if records is not None else []) + [state_key], prep)  # streamed: no traces kept
     return pkg
 
 

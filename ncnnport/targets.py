@@ -62,27 +62,44 @@ class Target:
         return base + (f" layers:{self.layers}" if self.layers is not None else "")
 
 
-def _hash_tree(h: "hashlib._Hash", folder: Path) -> None:
-    for p in sorted(folder.rglob("*")):
-        if p.is_file() and p.suffix in (".py", ".json", ".txt", ".jinja") and "__pycache__" not in p.parts:
-            h.update(p.relative_to(folder).as_posix().encode())
-            h.update(p.read_bytes())
-
-
-def code_hash(model: str) -> str:
-    """Hash of the model folder's and the generic export/convert code: a change re-exports."""
-    h = hashlib.sha256()
+def _code_files(model: str) -> list[tuple[str, Path]]:
+    """(label, file) of every source file the build key covers: the model folder and the generic
+    export/convert code, in a stable order."""
     folders = [Path(importlib.import_module(KNOWN_MODELS[model].rsplit(".", 1)[0]).__file__).parent]
     for pkg in GENERIC_STAGE_PACKAGES:
         mod = importlib.import_module(pkg)
         path = Path(mod.__file__)
         folders.append(path.parent if path.name == "__init__.py" else path)
+    out: list[tuple[str, Path]] = []
     for f in folders:
         if f.is_dir():
-            _hash_tree(h, f)
+            out += [(p.relative_to(f).as_posix(), p) for p in sorted(f.rglob("*"))
+                    if p.is_file() and p.suffix in (".py", ".json", ".txt", ".jinja") and "__pycache__" not in p.parts]
         else:
-            h.update(f.read_bytes())
+            out.append(("", f))
+    return out
+
+
+def code_hash(model: str) -> str:
+    """Hash of the model folder's and the generic export/convert code: a change re-exports."""
+    h = hashlib.sha256()
+    for label, path in _code_files(model):
+        h.update(label.encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def code_file_hashes(model: str) -> dict[str, str]:
+    """sha256 per source file under the build key, so a rebuild can name the file that changed."""
+    root = Path(importlib.import_module("ncnnport").__file__).parent.parent
+    out = {}
+    for _, path in _code_files(model):
+        try:
+            name = path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            name = str(path)
+        out[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def checkpoint_fingerprint(ckpt: Path | None) -> str:

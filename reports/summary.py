@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -20,6 +21,58 @@ def _fmt(v: Any) -> str:
             return f"{v:.6f}" if abs(v) < 1.001 else f"{v:.4g}"
         return f"{v:.3e}"
     return str(v)
+
+
+METRICS = ("cosine", "worst_row_cosine", "max_abs")
+
+
+def record_failure(r: dict[str, Any]) -> str | None:
+    """Why a record fails, judged from its own fields (None if it passes): its ``passed`` flag,
+    NaN/Inf counts, or a metric that is not a finite number."""
+    if r.get("passed") is not True:
+        return "marked failing"
+    if r.get("nan") or r.get("inf"):
+        return f"NaN {r.get('nan', 0)} / Inf {r.get('inf', 0)} in the output"
+    for k in METRICS:
+        v = r.get(k)
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v)):
+            return f"{k} is {v!r}"
+    return None
+
+
+def recompute_gates(summary: dict[str, Any]) -> tuple[bool, list[str]]:
+    """The verdict the records support: at least one record, every local and end-to-end record
+    passing (flag, NaN/Inf, finite metrics), every option-sweep variant passing, stability
+    passing. Returns (passed, one line per failing record or section)."""
+    records = list(summary.get("modules", [])) + list(summary.get("e2e", []))
+    why = []
+    if not records:
+        why.append("no parity records")
+    for r in records:
+        failure = record_failure(r)
+        if failure:
+            label = "/".join(str(x) for x in (r.get("name", r.get("fixture")), r.get("output", r.get("stage")),
+                                              r.get("case")) if x is not None)
+            why.append(f"{label}: {failure}")
+    for v in (summary.get("option_sweep") or {}).get("variants", []):
+        if v.get("gates_passed") is not True or v.get("failed_gates"):
+            why.append(f"option sweep {v.get('variant')}: {v.get('failed_gates')} failed gate(s)")
+    stab = summary.get("stability")
+    if isinstance(stab, dict) and stab.get("passed") is not True:
+        why.append(f"stability: {stab.get('reason') or 'failed'}")
+    return not why, why
+
+
+def verified_gates(summary: dict[str, Any]) -> list[str]:
+    """Set ``gates_passed`` to what the records support (never raised above the stored value:
+    a verdict may fail for reasons outside the records, e.g. a nightly regression). Returns a
+    line per disagreement between the stored verdict and the records."""
+    ok, why = recompute_gates(summary)
+    stored = summary.get("gates_passed") is True
+    summary["gates_passed"] = stored and ok
+    if stored and not ok:
+        return [f"summary says gates_passed=true but the records fail: {w}" for w in why]
+    return []
 
 
 def _table(headers: list[str], rows: Iterable[list[Any]]) -> str:
@@ -122,6 +175,7 @@ def write_report(summary: dict[str, Any], report_dir: Path) -> Path:
     """summary.json, report.md, report.html (self-contained, with plots) and junit.xml."""
     from ncnnport.reports import html, junit
 
+    verified_gates(summary)  # a report never shows PASSED over failing records
     report_dir.mkdir(parents=True, exist_ok=True)
     write_json(report_dir / "summary.json", summary)
     atomic_write_text(report_dir / "report.md", markdown(summary))

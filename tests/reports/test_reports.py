@@ -47,3 +47,70 @@ def test_compare_flags_failures_growth_lost_tokens_and_missing_rows():
     gone = copy.deepcopy(old)
     gone["modules"] = []
     assert "missing in the new run" in compare.regressions(old, gone)[0]
+
+
+def test_a_hand_edited_verdict_over_failing_records_is_reported_failing(tmp_path):
+    from ncnnport.reports.summary import recompute_gates, write_report
+
+    s = summary()
+    s["modules"][0]["passed"] = False
+    s["modules"][0]["reason"] = "max_abs 1 > 1e-4"
+    assert s["gates_passed"] is True                        # hand-edited
+    assert recompute_gates(s)[0] is False
+    write_report(s, tmp_path)
+    assert s["gates_passed"] is False and "**Verdict: FAILED**" in (tmp_path / "report.md").read_text()
+    nan = summary()
+    nan["modules"][0]["nan"] = 3                             # "passed" over NaN outputs
+    ok, why = recompute_gates(nan)
+    assert not ok and "NaN 3" in why[0]
+    assert recompute_gates({**summary(), "modules": [], "e2e": []})[0] is False
+
+
+def test_report_cli_recomputes_the_verdict(tmp_path, capsys):
+    import json
+
+    from ncnnport.cli import main
+
+    folder = tmp_path / "reports" / "qwen3-asr"
+    folder.mkdir(parents=True)
+    s = summary()
+    s["model"] = "qwen3-asr"
+    s["e2e"][0]["passed"] = False
+    (folder / "summary.json").write_text(json.dumps(s))
+    assert main(["report", "qwen3-asr", "--build-dir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "summary says gates_passed=true but the records fail: clip/tokens: marked failing" in captured.err
+    assert "FAILED" in captured.out
+
+
+def test_compare_flags_nan_inf_and_cosine_drops():
+    old = summary()
+    new = copy.deepcopy(old)
+    new["modules"][0].update(nan=2, cosine=0.99999, worst_row_cosine=0.9999)
+    found = "\n".join(compare.regressions(old, new))
+    assert "NaN count 0 -> 2" in found
+    assert "cosine 1.000000000 -> 0.999990000" in found
+    assert "worst_row_cosine 1.000000000 -> 0.999900000" in found
+    inf = copy.deepcopy(old)
+    inf["modules"][0]["max_abs"] = float("inf")
+    assert "max_abs 1e-06 -> inf" in "\n".join(compare.regressions(old, inf))
+    tiny = copy.deepcopy(old)
+    tiny["modules"][0]["cosine"] = 1 - 5e-8                   # below the floor: noise, not a regression
+    assert compare.regressions(old, tiny) == []
+
+
+def test_compare_reads_a_folder_as_its_summary(tmp_path, capsys):
+    import json
+
+    from ncnnport.cli import main
+
+    for name, cos in (("old", 1.0), ("qwen3-asr", 0.999)):
+        folder = tmp_path / "reports" / name
+        folder.mkdir(parents=True)
+        s = summary()
+        s["model"] = "qwen3-asr"
+        s["modules"][0]["cosine"] = cos
+        (folder / "summary.json").write_text(json.dumps(s))
+    assert main(["report", "qwen3-asr", "--build-dir", str(tmp_path),
+                 "--compare", str(tmp_path / "reports" / "old")]) == 1
+    assert "cosine 1.000000000 -> 0.999000000" in capsys.readouterr().out
