@@ -53,8 +53,27 @@ def resample(samples: np.ndarray, sr: int, target_sr: int = TARGET_SR) -> np.nda
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
+def float_range_normalize(wave: np.ndarray) -> np.ndarray:
+    """The official range rule, applied after resampling: a waveform whose peak |x| exceeds 1
+    is divided by that peak, then everything is clipped to [-1, 1]; a peak <= 1 (or silence)
+    is left as is.
+
+    Why: float WAV/FLAC may hold samples above full scale, and resampling a full-scale signal
+    can overshoot 1; the official ``normalize_audio_input`` (qwen-asr 0.0.6, inference/utils.py,
+    ``float_range_normalize`` after ``librosa.resample``) rescales such input, so the model must
+    see the same samples here."""
+    x = np.asarray(wave, dtype=np.float32)
+    if x.size == 0:
+        return x
+    peak = float(np.max(np.abs(x)))
+    if peak > 1.0:
+        x = x / np.float32(peak)
+    return np.clip(x, -1.0, 1.0).astype(np.float32, copy=False)
+
+
 def prepare_waveform(samples: np.ndarray, sr: int, target_sr: int = TARGET_SR) -> np.ndarray:
-    """Array (any channels/dtype) -> mono float32 at ``target_sr``. Integer PCM is scaled to [-1, 1)."""
+    """Array (any channels/dtype) -> mono float32 at ``target_sr``, range-normalised by the
+    official rule (:func:`float_range_normalize`). Integer PCM is scaled to [-1, 1) first."""
     x = np.asarray(samples)
     if x.size == 0:
         raise AudioError("audio is empty (0 samples)")
@@ -69,7 +88,7 @@ def prepare_waveform(samples: np.ndarray, sr: int, target_sr: int = TARGET_SR) -
     out = resample(mono, sr, target_sr)
     if out.size == 0:
         raise AudioError(f"audio of {mono.size} sample(s) at {sr} Hz resamples to 0 samples")
-    return out
+    return float_range_normalize(out)
 
 
 def read_audio(path: str | Path, target_sr: int = TARGET_SR) -> np.ndarray:
@@ -92,3 +111,23 @@ def read_audio(path: str | Path, target_sr: int = TARGET_SR) -> np.ndarray:
     if data.shape[0] == 0:
         raise AudioError(f"{p}: audio is empty (0 samples)")
     return prepare_waveform(data, int(sr), target_sr)
+
+
+# The official features need more than n_fft / 2 samples (a reflect-padded centred STFT).
+MIN_DECODABLE_SAMPLES = 201
+
+
+def check_audio_file(path: str | Path) -> np.ndarray:
+    """Read ``path`` as the model will and raise :class:`AudioError` (a ValueError) naming the
+    file when it is missing, a directory, not decodable, empty, or too short for the official
+    features (<= 200 samples at 16 kHz). Returns the 16 kHz waveform.
+
+    Why: the CLI calls this before any model is built, so a bad input costs milliseconds."""
+    p = Path(path)
+    if not p.exists():
+        raise AudioError(f"audio file not found: {p}")
+    wave = read_audio(p)
+    if wave.shape[0] < MIN_DECODABLE_SAMPLES:
+        raise AudioError(f"{p}: audio too short ({wave.shape[0]} samples at {TARGET_SR} Hz; the "
+                         f"official features need at least {MIN_DECODABLE_SAMPLES})")
+    return wave

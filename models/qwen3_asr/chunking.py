@@ -5,7 +5,8 @@ which is not what the model was evaluated with. The official ``transcribe()`` (q
 feeds up to 1200 s in ONE pass (the encoder's windowed attention handles length) and only cuts
 longer audio, near every 1200 s, at the quietest spot within +-5 s: the 100 ms window with the
 lowest sum of |x|, cut at the lowest-|x| sample inside it. Chunks tile the input exactly (no
-overlap, no gap); a chunk shorter than 0.5 s is zero-padded at its tail.
+overlap, no gap); when the input was cut, a chunk shorter than 0.5 s is zero-padded at its tail
+(an uncut input is never padded).
 """
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ def split_audio(
     search_seconds: float = SEARCH_SECONDS,
     window_seconds: float = QUIET_WINDOW_SECONDS,
 ) -> list[Chunk]:
-    """Cut a mono waveform by the official rule; short chunks are zero-padded to ``min_seconds``."""
+    """Cut a mono waveform by the official rule.
+
+    Only the chunks of a CUT input are zero-padded to ``min_seconds``: the official
+    ``split_audio_into_chunks`` returns an input of at most ``max_seconds`` unchanged before its
+    padding step, so a single 0.2 s clip stays 0.2 s (20 mel frames, not 50)."""
     x = np.asarray(wave, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"expected mono [samples], got shape {x.shape}")
@@ -95,9 +100,10 @@ def split_audio(
     bounds = split_points(x.shape[0], x, sr, max_seconds, search_seconds, window_seconds)
     min_len = int(round(min_seconds * sr))
     chunks = []
+    was_cut = len(bounds) > 2
     for a, b in zip(bounds[:-1], bounds[1:]):
         seg = x[a:b]
-        if seg.shape[0] < min_len:
+        if was_cut and seg.shape[0] < min_len:
             seg = np.concatenate([seg, np.zeros(min_len - seg.shape[0], dtype=np.float32)])
         chunks.append(Chunk(start=a, end=b, samples=seg))
     return chunks
@@ -138,71 +144,100 @@ def fix_repetitions(text: str, threshold: int = REPETITION_THRESHOLD) -> str:
 
 @dataclass(frozen=True)
 class ParsedOutput:
+    """One parsed answer: ``language`` is the canonical name ("English") or None when the model
+    gave none (the official package reports that as ""), ``text`` the transcription."""
+
     language: str | None
     text: str
 
 
-def parse_asr_output(raw: str, threshold: int = REPETITION_THRESHOLD) -> ParsedOutput:
-    """Parse decoded model output "language X<asr_text>text" (special tokens already skipped).
+# The languages the official package accepts as a forced language (qwen-asr 0.0.6,
+# inference/utils.py SUPPORTED_LANGUAGES), in its order.
+SUPPORTED_LANGUAGES: tuple[str, ...] = (
+    "Chinese", "English", "Cantonese", "Arabic", "German", "French", "Spanish", "Portuguese",
+    "Indonesian", "Italian", "Korean", "Russian", "Thai", "Vietnamese", "Japanese", "Turkish",
+    "Hindi", "Malay", "Dutch", "Swedish", "Danish", "Finnish", "Polish", "Czech", "Filipino",
+    "Persian", "Greek", "Romanian", "Hungarian", "Macedonian",
+)
+LANGUAGE_PREFIX = "language "
 
-    Without the marker the whole string is the text; "language None" means no speech.
+
+def canonical_language_name(name: str) -> str:
+    """First letter upper case, the rest lower case ("cHINese" -> "Chinese"), as the official
+    package writes every language name it reports or forces."""
+    text = str(name).strip()
+    return text[:1].upper() + text[1:].lower()
+
+
+def normalize_forced_language(language: str | None) -> str | None:
+    """A user's forced language as the official ``transcribe()`` takes it: None or blank means
+    auto-detect; anything else is canonicalised and must be a supported language name.
+
+    Why: the official API refuses codes ("en" becomes "En", which is not supported) where
+    transformers' processor maps codes to names; every path here (run, parity, reference) goes
+    through this one function so they accept and report the same thing.
     """
-    if raw is None or not raw.strip():
-        return ParsedOutput(None, "")
-    text = raw.strip()
-    if "assistant\n" in text:
-        text = text.split("assistant\n", 1)[1]
-    text = fix_repetitions(text, threshold)
-    if ASR_TEXT_MARKER not in text:
-        return ParsedOutput(None, text.strip())
-    head, body = text.split(ASR_TEXT_MARKER, 1)
-    head = head.strip()
-    if head.lower() == "language none":  # the model's "no speech" answer
-        return ParsedOutput(None, body.strip())
-    language = None
+    if language is None or not str(language).strip():
+        return None
+    name = canonical_language_name(language)
+    if name not in SUPPORTED_LANGUAGES:
+        raise ValueError(f"--language {language!r}: unsupported language {name!r}; "
+                         f"supported (names, not codes): {', '.join(SUPPORTED_LANGUAGES)}")
+    return name
+
+
+def _language_from_head(head: str) -> str | None:
+    """The first non-empty line of the part before ``<asr_text>`` names the language only when it
+    starts with "language " (case-insensitive); any other first line means no language."""
     for line in head.splitlines():
         line = line.strip()
         if not line:
             continue
-        language = line[len("language ") :].strip() if line.lower().startswith("language ") else line
-        break
-    return ParsedOutput(language or None, body.strip())
+        if line.lower().startswith(LANGUAGE_PREFIX):
+            value = line[len(LANGUAGE_PREFIX):].strip()
+            return canonical_language_name(value) if value else None
+        return None
+    return None
 
 
-def _needs_space(left: str, right: str) -> bool:
-    if not left or not right:
-        return False
-    a, b = left[-1], right[0]
-    if a.isspace() or b.isspace():
-        return False
-    # Scripts written without spaces (CJK, kana, Thai) are joined directly.
-    def spaced(ch: str) -> bool:
-        return not ("\u2e80" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" or "\u0e00" <= ch <= "\u0e7f"
-                    or "\uf900" <= ch <= "\ufaff" or "\u3000" <= ch <= "\u303f" or "\uff00" <= ch <= "\uffef")
-    return spaced(a) and spaced(b)
+def parse_asr_output(raw: str | None, forced_language: str | None = None,
+                     threshold: int = REPETITION_THRESHOLD) -> ParsedOutput:
+    """Parse the decoded generated tokens (special tokens skipped) as the official package does.
+
+    Runaway repeats are cleaned first. With a forced language the whole output is the text and
+    the language is the forced one. Otherwise "language X<asr_text>text": without the marker the
+    whole string is the text; "language none" anywhere before the marker means no language.
+    """
+    if raw is None or not str(raw).strip():
+        return ParsedOutput(None, "")
+    text = fix_repetitions(str(raw).strip(), threshold)
+    if forced_language:
+        return ParsedOutput(forced_language, text)
+    if ASR_TEXT_MARKER not in text:
+        return ParsedOutput(None, text.strip())
+    head, body = text.split(ASR_TEXT_MARKER, 1)
+    if "language none" in head.lower():  # the model's "no speech" answer
+        return ParsedOutput(None, body.strip())
+    return ParsedOutput(_language_from_head(head), body.strip())
 
 
 def join_texts(texts: list[str]) -> str:
-    """Concatenate per-chunk texts in order, with a space only between space-delimited scripts."""
-    out = ""
-    for t in texts:
-        t = t.strip()
-        if not t:
-            continue
-        out = out + (" " if _needs_space(out, t) else "") + t
-    return out
+    """Per-chunk texts concatenated in order with nothing between them (the official join)."""
+    return "".join(t for t in texts if t is not None)
 
 
 def merge_languages(languages: list[str | None]) -> str | None:
-    """Distinct detected languages in first-seen order, comma separated; None if none detected."""
-    seen: list[str] = []
+    """Languages in order, comma separated, dropping empty ones and CONSECUTIVE duplicates only
+    (["English", "Chinese", "English"] stays three); None if none was detected."""
+    out: list[str] = []
     for lang in languages:
-        if lang and lang not in seen:
-            seen.append(lang)
-    return ",".join(seen) if seen else None
+        lang = (lang or "").strip()
+        if lang and (not out or out[-1] != lang):
+            out.append(lang)
+    return ",".join(out) if out else None
 
 
-def join_results(parsed: list[ParsedOutput], threshold: int = REPETITION_THRESHOLD) -> ParsedOutput:
-    """Per-chunk results -> one: texts joined (then cleaned of runaway repeats), languages merged."""
-    text = fix_repetitions(join_texts([p.text for p in parsed]), threshold)
-    return ParsedOutput(merge_languages([p.language for p in parsed]), text)
+def join_results(parsed: list[ParsedOutput]) -> ParsedOutput:
+    """Per-chunk results -> one: texts joined with "", languages merged (each chunk's text was
+    already cleaned of runaway repeats when parsed; the joined text is not cleaned again)."""
+    return ParsedOutput(merge_languages([p.language for p in parsed]), join_texts([p.text for p in parsed]))

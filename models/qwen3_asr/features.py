@@ -4,8 +4,11 @@ Why: the ncnn runtime must build the encoder input without torch. This reproduce
 extractor called as ``fe(audio, sampling_rate=16000, padding="longest",
 return_attention_mask=True)`` for one clip:
 
-* clips shorter than ``min_length`` (8000 samples = 0.5 s) are zero-padded at the tail and the
-  padded samples count as valid in the mask (HF and the original library both do this);
+* no minimum length: the official package's feature extraction (a WhisperFeatureExtractor
+  called with padding=True) pads nothing, and its 0.5 s minimum is applied only to the chunks
+  of a cut input (``chunking.split_audio``). transformers' extractor pads every clip to
+  ``min_length`` = 8000 samples instead; ``checkpoint.apply_official_audio_rules`` sets that to 0
+  on every loaded processor so the reference sees what the official pipeline sees;
 * STFT with ``center=True`` and REFLECT padding of n_fft/2 samples at both ends (reading past
   the end as zeros instead is the known parity trap), periodic Hann window, n_fft 400, hop 160;
 * the last STFT frame is dropped, so a clip of N samples gives N // 160 frames;
@@ -34,7 +37,7 @@ SAMPLE_RATE = 16000
 N_FFT = 400
 HOP = 160
 N_MELS = 128
-MIN_SAMPLES = 8000  # 0.5 s, the official minimum input length
+MIN_SAMPLES = 8000  # 0.5 s, the official minimum chunk length (applied to cut chunks only)
 N_WINDOW = 50  # the mel axis is padded to a multiple of 2 * n_window
 LOG_FLOOR_DB = 8.0  # dynamic range kept below the maximum, in log10 units
 _BLOCK_FRAMES = 4096
@@ -128,14 +131,18 @@ def log_mel(wave: np.ndarray) -> np.ndarray:
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 
 
-def extract_features(wave: np.ndarray, n_window: int = N_WINDOW, min_samples: int = MIN_SAMPLES) -> MelFeatures:
-    """16 kHz mono waveform -> HF-equal ``input_features`` and ``input_features_mask``."""
+def extract_features(wave: np.ndarray, n_window: int = N_WINDOW, min_samples: int = 0) -> MelFeatures:
+    """16 kHz mono waveform -> HF-equal ``input_features`` and ``input_features_mask``.
+
+    ``min_samples`` defaults to 0 (the official pipeline pads no single input; see the module
+    docstring); the waveform needs more than ``N_FFT // 2`` samples, as the official STFT does."""
     x = np.asarray(wave, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"waveform must be 1-D mono, got shape {x.shape}")
     if x.shape[0] == 0:
         raise ValueError("waveform is empty")
-    x = pad_to_min_length(x, min_samples)
+    if min_samples:
+        x = pad_to_min_length(x, min_samples)
     mel = log_mel(x)
     frames = mel.shape[1]
     multiple = 2 * n_window

@@ -54,15 +54,38 @@ def seeded(config: Qwen3ASRConfig, seed: int) -> LazyQwen3ASR:
     return LazyQwen3ASR(config, source)
 
 
+def _folder_names(folder: Path, config: Qwen3ASRConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """(aliases: transformers name -> name stored in the folder, stored name -> transformers
+    name). The transformers layout stores its own names (a tied head absent from the file is read
+    from the embedding); the official layout is renamed through the declared table (its explicit
+    head is read as stored; the strict full load checks it equals the embedding when tied), and
+    its unmapped names are unexpected tensors."""
+    from ncnnport.lazy_weights import weight_files
+    from ncnnport.models.qwen3_asr.checkpoint import (CheckpointError, _fmt_keys, is_official_folder,
+                                                      official_name_map)
+
+    stored = list(weight_files(folder))
+    if not is_official_folder(folder):
+        aliases = {HEAD: EMBED} if config.tie_word_embeddings else {}
+        return aliases, {n: n for n in stored}
+    mapping, unmapped = official_name_map(stored)
+    if unmapped:
+        raise CheckpointError(f"checkpoint (official layout) has unexpected {len(unmapped)} tensor(s): "
+                              f"{_fmt_keys(unmapped)}")
+    if config.tie_word_embeddings and HEAD not in mapping and EMBED in mapping:
+        mapping[HEAD] = mapping[EMBED]
+    return mapping, {old: new for new, old in mapping.items() if new != HEAD or old != mapping.get(EMBED)}
+
+
 def from_folder(folder: Path, config: Qwen3ASRConfig, *, truncated: bool) -> LazyQwen3ASR:
-    """A local checkpoint folder read per module. Untruncated, the full reference is the strict
-    loader's (unexpected tensors are errors); truncated to K layers, the extra layers' tensors
-    are expected and simply never read."""
-    aliases = {HEAD: EMBED} if config.tie_word_embeddings else {}
+    """A local checkpoint folder (transformers or official layout) read per module. Untruncated,
+    the full reference is the strict loader's (unexpected tensors are errors); truncated to K
+    layers, the extra layers' tensors are expected and simply never read."""
+    aliases, hf_name = _folder_names(folder, config)
     source = SafetensorsSource(folder, aliases=aliases)
     if not truncated:
         skeleton_names = set(parameter_shapes(empty_module(lambda: Qwen3ASRForConditionalGeneration(config))))
-        unexpected = set(source.names()) - skeleton_names
+        unexpected = {n for n, h in hf_name.items() if h not in skeleton_names}
         if unexpected:
             from ncnnport.models.qwen3_asr.checkpoint import CheckpointError, _fmt_keys
             raise CheckpointError(f"checkpoint does not match Qwen3ASRForConditionalGeneration: unexpected "

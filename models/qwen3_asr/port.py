@@ -1,4 +1,22 @@
-"""Qwen3-ASR behind the ModelPort hooks: load, split, end-to-end parity and the run command."""
+"""Qwen3-ASR behind the ModelPort hooks: load, split, end-to-end parity and the run command.
+
+Host rules follow the official qwen-asr 0.0.6 ``transcribe()``: range normalisation after
+resampling, one pass up to 1200 s, 0.5 s padding only for chunks of a cut input, its output
+parsing, "" joining and consecutive language merging, forced languages canonicalised and
+validated (codes refused). The networks follow transformers 5.24 where the two disagree:
+
+* audio attention windows: the official encoder applies its window (``cu_seqlens``) only under
+  flash-attention; on CPU (sdpa / eager) it passes no mask, so audio over 8 s attends across
+  windows. Its flash path and its vLLM backend window the attention, as transformers does, and
+  the windowed form is what the published GPU inference computes; the CPU fallback is treated
+  as the outlier and NOT reproduced.
+* inputs under 1 s: the official encoder convolves only the valid mel frames of its single
+  chunk, transformers pads the chunk to 100 frames (and so do the port's fixed-size conv graphs);
+  the last post-conv positions differ. Matching it would need a conv graph per input length;
+  the port follows transformers and the official distance is reported, not hidden.
+
+``official_reference`` measures both against the official package when its venv is configured.
+"""
 
 from __future__ import annotations
 
@@ -139,13 +157,12 @@ class Qwen3ASRPort(ModelPort):
     @staticmethod
     def _log_mel_record(label, prompt, run, processor, policy, prec) -> dict[str, Any]:
         """numpy log-mel vs HF, gated at max(policy floor, factor x HF's own float32 noise)."""
-        from ncnnport.models.qwen3_asr.features import pad_to_min_length
         from ncnnport.models.qwen3_asr.mel_reference import hf_float32_noise
 
         base = policy.stage("log_mel", prec)
         factor = float(policy.number("log_mel_noise_factor", 1.1, prec))
         noise = hf_float32_noise(prompt.input_features, prompt.input_features_mask,
-                                 pad_to_min_length(run.chunk.samples), processor.feature_extractor.mel_filters)
+                                 run.chunk.samples, processor.feature_extractor.mel_filters)
         return stage_record(label, "log_mel", prompt.input_features, run.features,
                             noise_relative_tolerance(base, noise, factor),
                             hf_float32_noise=noise, noise_factor=factor, policy_floor=base.max_abs_floor)
@@ -190,6 +207,74 @@ class Qwen3ASRPort(ModelPort):
                             hf_float32_noise=noise, noise_factor=factor, policy_floor=base.max_abs_floor,
                             ncnn_vs_float64_max_abs=float(np.abs(np.asarray(ours, np.float64) - logits64).max()))
 
+    # --- official package ----------------------------------------------------------------------
+    def official_reference(self, ctx_or_fixtures: Any, loaded: LoadedModel | None = None,
+                           max_new_tokens: int | None = None) -> list[dict[str, Any]]:
+        """Token distance of the port to the official qwen-asr package, per fixture.
+
+        ``ctx_or_fixtures``: an :class:`E2EContext` (the e2e fixtures + ``--input`` files, ours =
+        the ncnn pipeline, ``max_new_tokens`` = the policy's ``min_tokens``) or a mapping
+        ``name -> 16 kHz waveform`` with ``loaded`` (ours = the transformers reference). The
+        official package runs in the venv named by ``NCNNPORT_QWEN_ASR_OFFICIAL_PYTHON`` on the
+        same weights written in the official layout; without it one skipped row says why.
+        Both sides stop at EOS (no forced minimum length)."""
+        import tempfile
+
+        from ncnnport.models.qwen3_asr import official_ref
+        from ncnnport.models.qwen3_asr.checkpoint import write_official_folder
+
+        python = official_ref.official_python()
+        if python is None:
+            return [official_ref.skipped_row(f"{official_ref.OFFICIAL_PYTHON_ENV} not set: official qwen-asr not run")]
+        if isinstance(ctx_or_fixtures, E2EContext):
+            loaded = ctx_or_fixtures.loaded
+            fixtures = self._fixture_waves(ctx_or_fixtures)
+            n_tokens = max_new_tokens or int(ctx_or_fixtures.policy.number("min_tokens", 64, ctx_or_fixtures.precision))
+            ours = self._ncnn_token_runs(ctx_or_fixtures, fixtures, n_tokens)
+        else:
+            if loaded is None:
+                raise ValueError("official_reference(fixtures) needs the loaded model (loaded=...)")
+            fixtures = dict(ctx_or_fixtures)
+            n_tokens = max_new_tokens or 64
+            ours = self._reference_token_runs(loaded, fixtures, n_tokens)
+        model = loaded.reference.full() if hasattr(loaded.reference, "full") else loaded.reference
+        with tempfile.TemporaryDirectory(prefix="qwen3asr-official-ckpt-") as tmp:
+            folder = write_official_folder(model, loaded.extra["processor"], Path(tmp) / "ckpt")
+            result = official_ref.run_official(python, folder, fixtures, max_new_tokens=n_tokens)
+        return [official_ref.compare_fixture(name, *ours[name], result["results"][name]) for name in fixtures]
+
+    @staticmethod
+    def _fixture_waves(ctx: E2EContext) -> dict[str, np.ndarray]:
+        from ncnnport.models.qwen3_asr.audio import read_audio
+        from ncnnport.models.qwen3_asr.fixtures import fixtures_for, synth_speechlike
+
+        waves = {name: synth_speechlike(fx["seconds"], fx["seed"])
+                 for name, fx in fixtures_for(ctx.loaded.preset, ctx.loaded.ckpt).items() if fx["max_seconds"] is None}
+        waves.update({f"input:{Path(p).name}": read_audio(p) for p in ctx.user_inputs})
+        return waves
+
+    @staticmethod
+    def _ncnn_token_runs(ctx: E2EContext, fixtures, n_tokens: int) -> dict[str, tuple[list[list[int]], str, str | None]]:
+        from ncnnport.models.qwen3_asr.runtime import make_pipeline, transcribe
+
+        pipe = make_pipeline(ctx.ncnn_modules, ctx.loaded.reference)
+        out = {}
+        for name, wave in fixtures.items():
+            t = transcribe(pipe, ctx.loaded.extra["processor"], wave, max_new_tokens=n_tokens)
+            out[name] = ([list(r.generation.tokens) for r in t.chunks], t.text, t.language)
+        return out
+
+    @staticmethod
+    def _reference_token_runs(loaded: LoadedModel, fixtures, n_tokens: int) -> dict[str, tuple[list[list[int]], str, str | None]]:
+        from ncnnport.models.qwen3_asr.reference import transcribe
+
+        model = loaded.reference.full() if hasattr(loaded.reference, "full") else loaded.reference
+        out = {}
+        for name, wave in fixtures.items():
+            t = transcribe(model, loaded.extra["processor"], wave, max_new_tokens=n_tokens)
+            out[name] = ([list(c.token_ids) for c in t.chunks], t.text, t.language)
+        return out
+
     # --- bench -------------------------------------------------------------------------------
     def bench_stages(self) -> dict[str, list[str]]:
         from ncnnport.models.qwen3_asr.bench import STAGES
@@ -220,10 +305,32 @@ class Qwen3ASRPort(ModelPort):
     # --- run ---------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
         parser.add_argument("--audio", type=Path, required=True, help="wav/flac/ogg at any rate and channels")
-        parser.add_argument("--language", default=None, help="force a language (e.g. English or en)")
+        parser.add_argument("--language", default=None, help="force a language by name, e.g. English (case-insensitive; codes are refused as by the official API)")
         parser.add_argument("--max-new-tokens", type=int, default=256)
         parser.add_argument("--max-chunk-seconds", type=float, default=None,
                             help="one-pass limit before the quiet-spot cut rule (default: official 1200 s)")
+
+    def validate_run_args(self, args: Any) -> None:
+        """``--audio`` must be a decodable, non-empty audio file, ``--language`` a language the
+        official API accepts (names, canonicalised; codes such as "en" are refused as it refuses
+        them), sizes positive. One-line ValueError naming the file or option."""
+        from ncnnport.models.qwen3_asr.audio import check_audio_file
+        from ncnnport.models.qwen3_asr.chunking import normalize_forced_language
+
+        check_audio_file(args.audio)
+        normalize_forced_language(getattr(args, "language", None))
+        if getattr(args, "max_new_tokens", 1) < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        limit = getattr(args, "max_chunk_seconds", None)
+        if limit is not None and limit <= 0:
+            raise ValueError(f"--max-chunk-seconds must be > 0, got {limit}")
+
+    def validate_inputs(self, paths) -> None:
+        """Every ``parity --input`` file must decode to non-empty audio (see ``validate_run_args``)."""
+        from ncnnport.models.qwen3_asr.audio import check_audio_file
+
+        for path in paths:
+            check_audio_file(path)
 
     def run(self, loaded: LoadedModel, modules, args) -> int:
         from ncnnport.models.qwen3_asr.audio import read_audio
@@ -234,7 +341,7 @@ class Qwen3ASRPort(ModelPort):
         pipe = make_pipeline(modules, loaded.reference)
         result = transcribe(pipe, loaded.extra["processor"], wave, language=args.language,
                             max_new_tokens=args.max_new_tokens, **kw)
-        print(f"language: {result.language}")
+        print(f"language: {result.language or ''}")  # "" for none, as the official package
         print(f"text: {result.text}")
         sys.stdout.flush()
         return 0

@@ -347,6 +347,9 @@ def write_preset_folder(name: str, folder: str | Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         real_config().save_pretrained(str(folder))
         build_tiny_processor(folder, special_ids=REAL_SPECIAL_IDS)
+        from .checkpoint import make_tokenizer_config_portable
+
+        make_tokenizer_config_portable(folder)
         return folder
     if name != "tiny":
         raise ValueError(f"unknown qwen3_asr preset {name!r}")

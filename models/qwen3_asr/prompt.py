@@ -58,8 +58,9 @@ def build_prompt(
 ) -> PromptInputs:
     """Run the processor exactly as HF's transcription request does and locate the audio slots.
 
-    ``language`` (name such as "English" or code such as "en") forces the language by prefilling
-    the assistant turn; ``context`` becomes the system text (hotwords); None leaves it empty.
+    ``language`` forces the language by prefilling the assistant turn; pass the canonical name
+    from ``chunking.normalize_forced_language`` (the transcribe paths do; the processor itself
+    would also map codes, which the official API refuses); ``context`` becomes the system text (hotwords); None leaves it empty.
     """
     batch = processor.apply_transcription_request(
         np.asarray(wave16k, dtype=np.float32), language=language, prompt=context

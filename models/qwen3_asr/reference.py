@@ -22,6 +22,7 @@ from .chunking import (
     Chunk,
     ParsedOutput,
     join_results,
+    normalize_forced_language,
     parse_asr_output,
     split_audio,
 )
@@ -142,19 +143,12 @@ def transcribe_chunk(
     max_new_tokens: int = 256,
     min_new_tokens: int = 0,
 ) -> ChunkReference:
+    language = normalize_forced_language(language)
     prompt = build_prompt(processor, chunk.samples, language=language, context=context)
     ids, logits = greedy_generate(model, prompt, max_new_tokens, min_new_tokens)
     eos = set(eos_ids(model))
     stopped = bool(ids) and ids[-1] in eos
-    raw = processor.tokenizer.decode(ids, skip_special_tokens=True)
-    # A forced language is part of the prompt, not of the output: put it back before parsing.
-    if language is not None:
-        from transformers.models.qwen3_asr.processing_qwen3_asr import LANGUAGE_CODE_TO_NAME
-
-        name = LANGUAGE_CODE_TO_NAME.get(language, language)
-        raw_for_parse = f"language {name}<asr_text>{raw}"
-    else:
-        raw_for_parse = raw
+    raw = processor.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return ChunkReference(
         chunk=chunk,
         prompt=prompt,
@@ -162,7 +156,7 @@ def transcribe_chunk(
         logits=logits.astype(np.float32),
         margins=top2_margins(logits),
         raw_text=raw,
-        parsed=parse_asr_output(raw_for_parse),
+        parsed=parse_asr_output(raw, forced_language=language),
         stopped_on_eos=stopped,
     )
 
@@ -178,7 +172,8 @@ def transcribe(
     min_new_tokens: int = 0,
 ) -> ReferenceTranscript:
     """Official rule: one pass up to ``max_chunk_seconds``, quiet-spot cuts beyond; per-chunk
-    greedy decode; texts joined, languages merged, runaway repeats cleaned."""
+    greedy decode; each chunk parsed (runaway repeats cleaned), texts joined with "", languages merged."""
+    language = normalize_forced_language(language)
     chunks = split_audio(np.asarray(wave16k, dtype=np.float32), SAMPLE_RATE, max_seconds=max_chunk_seconds)
     refs = [
         transcribe_chunk(model, processor, c, language, context, max_new_tokens, min_new_tokens) for c in chunks

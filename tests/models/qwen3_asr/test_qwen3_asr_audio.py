@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from ncnnport.models.qwen3_asr.audio import AudioError, prepare_waveform, read_audio
+from ncnnport.models.qwen3_asr.audio import AudioError, check_audio_file, prepare_waveform, read_audio
 from ncnnport.models.qwen3_asr.features import extract_features
 
 
@@ -95,12 +95,13 @@ def test_nan_audio_rejected() -> None:
 
 
 @pytest.mark.parametrize("sr", [8000, 16000, 48000])
-def test_one_sample_audio_is_padded_to_half_second(tmp_path: Path, sr: int) -> None:
+def test_one_sample_audio_is_refused_naming_the_file(tmp_path: Path, sr: int) -> None:
+    # the official pipeline pads no single input, and its STFT needs > 200 samples
     path = tmp_path / "one.wav"
     sf.write(str(path), np.array([0.5], np.float32), sr, subtype="FLOAT")
     wave = read_audio(path)
     assert 1 <= wave.shape[0] <= 2
-    feats = extract_features(wave)
-    # the official 0.5 s minimum: 8000 samples -> 50 valid mel frames, padded to 100
-    assert feats.num_frames == 50 and feats.features.shape == (1, 128, 100)
-    assert np.isfinite(feats.features).all()
+    with pytest.raises(ValueError, match="too short"):
+        extract_features(wave)
+    with pytest.raises(AudioError, match="one.wav.*too short"):
+        check_audio_file(path)

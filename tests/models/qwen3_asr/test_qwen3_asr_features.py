@@ -14,8 +14,9 @@ from .conftest import speech_like
 HF_TOL = 1e-5
 
 
-def hf_features(wave: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    fe = Qwen3ASRFeatureExtractor()
+def hf_features(wave: np.ndarray, min_length: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' extractor; ``min_length=0`` is the official rule (no single-clip padding)."""
+    fe = Qwen3ASRFeatureExtractor(min_length=min_length)
     out = fe(wave, sampling_rate=16000, padding="longest", return_attention_mask=True, return_tensors="np")
     return out["input_features"], out["attention_mask"]
 
@@ -27,7 +28,7 @@ def hf_features(wave: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         160000,  # 10 s
         16000 * 3 + 77,  # partial last hop: the reflect-padding edge
         8159,  # just above the 0.5 s minimum, partial hop
-        3000,  # below 0.5 s: zero-padded to 8000 samples, mask counts the padding as valid
+        3000,  # below 0.5 s: not padded (official), 18 frames
     ],
 )
 def test_log_mel_matches_hf(num_samples: int) -> None:
@@ -122,3 +123,12 @@ def test_features_reject_bad_input() -> None:
         extract_features(np.zeros((0,), np.float32))
     with pytest.raises(ValueError):
         extract_features(np.zeros((2, 16000), np.float32))
+
+
+def test_min_samples_reproduces_transformers_default_padding() -> None:
+    wave = speech_like(3000 / 16000, seed=3)[:3000]
+    ref, ref_mask = hf_features(wave, min_length=8000)
+    ours = extract_features(wave, min_samples=8000)
+    np.testing.assert_array_equal(ours.mask, ref_mask)
+    assert int(ref_mask.sum()) == 50 and extract_features(wave).num_frames == 18
+    assert float(np.abs(ours.features - ref).max()) <= HF_TOL
