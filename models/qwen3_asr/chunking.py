@@ -38,19 +38,22 @@ class Chunk:
         return int(self.samples.shape[0] - (self.end - self.start))
 
 
-def find_quiet_cut(wave: np.ndarray, target: int, search: int, window: int) -> int:
-    """Cut index near ``target``: in [target - search, target + search] (clipped to the signal),
-    take the ``window``-sample span with the lowest sum of |x| (first one on ties), then the
-    lowest-|x| sample inside it (first one on ties)."""
+def find_quiet_cut(wave: np.ndarray, start: int, cut: int, expand: int, window: int) -> int:
+    """Boundary near ``cut`` as the official ``split_audio_into_chunks`` picks it: search
+    [max(start, cut - expand), min(n, cut + expand)); if that span is not longer than one window,
+    cut at ``cut``; else take the ``window``-sample span with the lowest float32 sum of |x| (a
+    float32 ``np.convolve``, as official, so near-ties resolve the same way; first one on ties),
+    then the lowest-|x| sample inside it (first one on ties). Never at or before ``start``."""
     n = wave.shape[0]
-    lo = max(0, target - search)
-    hi = min(n, target + search)
-    mag = np.abs(np.asarray(wave[lo:hi], dtype=np.float64))
-    win = max(1, min(window, mag.shape[0]))
-    csum = np.concatenate(([0.0], np.cumsum(mag)))
-    sums = csum[win:] - csum[:-win]
-    start = int(np.argmin(sums))
-    return lo + start + int(np.argmin(mag[start : start + win]))
+    left, right = max(start, cut - expand), min(n, cut + expand)
+    if right - left <= window:
+        boundary = cut
+    else:
+        mag = np.abs(np.asarray(wave[left:right], dtype=np.float32))
+        sums = np.convolve(mag, np.ones(window, dtype=np.float32), mode="valid")
+        first = int(np.argmin(sums))
+        boundary = left + first + int(np.argmin(mag[first:first + window]))
+    return int(min(max(boundary, start + 1), n))
 
 
 def split_points(
@@ -61,22 +64,24 @@ def split_points(
     search_seconds: float = SEARCH_SECONDS,
     window_seconds: float = QUIET_WINDOW_SECONDS,
 ) -> list[int]:
-    """Boundaries [0, c1, ..., n]: one pass if n <= max, else a quiet cut near each max from the
-    previous cut."""
-    max_len = int(round(max_seconds * sr))
-    if max_len <= 0:
+    """Boundaries [0, c1, ..., n]: one pass if the input lasts at most ``max_seconds``, else a
+    quiet cut near each ``max_len`` from the previous cut. Lengths are truncated (``int``), the
+    window is at least 4 samples, as in the official rule."""
+    if max_seconds <= 0:
         raise ValueError(f"max_seconds must be positive, got {max_seconds}")
-    search = int(round(search_seconds * sr))
-    window = max(1, int(round(window_seconds * sr)))
     bounds = [0]
+    if num_samples / float(sr) <= max_seconds:
+        return bounds + [num_samples]
+    max_len = max(1, int(max_seconds * sr))
+    expand = int(search_seconds * sr)
+    window = max(4, int(window_seconds * sr))
     start = 0
     while num_samples - start > max_len:
-        cut = find_quiet_cut(wave, start + max_len, min(search, max_len - 1), window)
-        cut = min(max(cut, start + 1), num_samples - 1)  # always progress, never an empty chunk
-        bounds.append(cut)
-        start = cut
-    bounds.append(num_samples)
-    return bounds
+        start = find_quiet_cut(wave, start, start + max_len, expand, window)
+        bounds.append(start)
+    # A cut may fall on the very last sample's end; the official tail is then an empty chunk
+    # (zero-padded to the minimum like any short chunk of a cut input).
+    return bounds + [num_samples]
 
 
 def split_audio(
@@ -98,7 +103,7 @@ def split_audio(
     if x.shape[0] == 0:
         raise ValueError("audio is empty")
     bounds = split_points(x.shape[0], x, sr, max_seconds, search_seconds, window_seconds)
-    min_len = int(round(min_seconds * sr))
+    min_len = int(min_seconds * sr)
     chunks = []
     was_cut = len(bounds) > 2
     for a, b in zip(bounds[:-1], bounds[1:]):

@@ -11,6 +11,7 @@ from transformers.models.qwen3_asr.processing_qwen3_asr import _detect_and_fix_r
 from ncnnport.models.qwen3_asr.chunking import (
     ParsedOutput,
     find_quiet_cut,
+    split_points,
     fix_repetitions,
     join_results,
     join_texts,
@@ -64,7 +65,7 @@ def test_quiet_window_beats_single_quiet_sample() -> None:
     lone = int(9.0 * SR)
     x[lone] = 0.0
     want = plant_quiet(x, 11.0, 50)
-    assert find_quiet_cut(x, 10 * SR, 5 * SR, 1600) == want
+    assert find_quiet_cut(x, 0, 10 * SR, 5 * SR, 1600) == want
 
 
 def test_short_tail_zero_padded() -> None:
@@ -131,3 +132,33 @@ def test_join() -> None:
     assert merge_languages([None, None]) is None
     joined = join_results([ParsedOutput("Chinese", "你好" * 15), ParsedOutput("Chinese", "你好" * 15)])
     assert joined == ParsedOutput("Chinese", "你好" * 30)  # the joined text is not cleaned again
+
+
+def test_quiet_window_is_at_least_four_samples_as_official() -> None:
+    """The official window is max(4, int(ms * sr)): a 1-sample setting still sums 4 samples, so a
+    lone zero loses to a quieter 4-sample run (a 1-sample window would take the lone zero)."""
+    x = np.full(40, 1.0, dtype=np.float32)
+    x[10] = 0.0                      # lone zero: 4-window sum >= 3
+    x[20:24] = [0.5, 0.1, 0.5, 0.5]  # 4-window sum 1.6, lowest sample at 21
+    assert split_points(40, x, sr=1, max_seconds=16, search_seconds=30, window_seconds=1.0)[1] == 21
+    assert split_points(40, x, sr=1, max_seconds=16, search_seconds=30, window_seconds=0.25)[1] == 21
+
+
+def test_search_span_starts_at_the_previous_cut_as_official() -> None:
+    """left = max(start, cut - expand): with the search wider than a chunk, the span reaches back
+    to the previous cut itself (not one sample after it); a boundary there moves to start + 1."""
+    x = np.full(30, 1.0, dtype=np.float32)
+    x[0:4] = 0.0  # the quietest window is the very first one
+    assert find_quiet_cut(x, 0, 10, 20, 4) == 1
+
+
+def test_span_no_longer_than_a_window_cuts_at_the_target() -> None:
+    x = np.linspace(1.0, 0.0, 12, dtype=np.float32)
+    assert find_quiet_cut(x, 0, 10, 2, 4) == 10  # span [8, 12) holds 4 samples: cut at 10
+
+
+def test_lengths_are_truncated_as_official() -> None:
+    """max_len = int(max_seconds * sr): 2.9999 s at 10 Hz is 29 samples, not round's 30."""
+    x = np.ones(40, dtype=np.float32)
+    bounds = split_points(40, x, sr=10, max_seconds=2.9999, search_seconds=0.0, window_seconds=0.4)
+    assert bounds[:2] == [0, 29]
