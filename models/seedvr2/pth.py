@@ -120,17 +120,19 @@ def safetensors_folder(folder: Path, build_root: Path) -> Path:
     for role, files in found.items():
         if len(files) > 1:
             raise ValueError(f"{folder}: several {role} .pth files ({', '.join(f.name for f in files)}); keep one")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder / 'config.json'}: missing (a checkpoint folder needs its config.json)")
     key = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
     out = Path(build_root) / "seedvr2" / "checkpoints" / f"{folder.name}-{key}"
     out.mkdir(parents=True, exist_ok=True)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder / 'config.json'}: missing (a checkpoint folder needs its config.json)")
     shutil.copyfile(folder / "config.json", out / "config.json")
+    for st in folder.glob("*.safetensors"):
+        clash = [role for role in found if st.name.startswith(role)]  # FolderSource reads "<role>*.safetensors"
+        if clash:
+            raise ValueError(f"{folder}: both {st.name} and a {clash[0]} .pth; keep one")
     receipts = {role: convert_pth(files[0], out / f"{role}.safetensors") for role, files in found.items()}
     for st in folder.glob("*.safetensors"):
         link = out / st.name
-        if st.name in {f"{r}.safetensors" for r in receipts}:
-            raise ValueError(f"{folder}: both {st.name} and a {st.stem} .pth; keep one")
         if not link.exists():
             link.symlink_to(st)
     (out / RECEIPT).write_text(json.dumps({"source_folder": str(folder), "converted": receipts}, indent=2) + "\n")

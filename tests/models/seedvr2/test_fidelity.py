@@ -239,7 +239,7 @@ def test_pth_restricted_loader_refuses_anything_but_floating_tensors(tiny, tmp_p
         torch.save({"w": _Marker(marker)}, ck / "seedvr2_ema_3b.pth")
     elif payload == "legacy-malicious":
         with open(ck / "seedvr2_ema_3b.pth", "wb") as f:
-            pickle.dump({"w": _Marker(marker)}, f)
+            pickle.dump({"w": _Marker(marker)}, f, protocol=2)
     else:
         torch.save(payload, ck / "seedvr2_ema_3b.pth")
     monkeypatch.chdir(tmp_path)
