@@ -93,24 +93,37 @@ class SeedVR2Config:
         return dataclasses.asdict(self)
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> "SeedVR2Config":
-        def build(cls: type, d: Mapping[str, Any]) -> Any:
-            kwargs = {}
-            names = {f.name: f for f in dataclasses.fields(cls)}
-            unknown = set(d) - set(names)
-            if unknown:
-                raise ValueError(f"{cls.__name__}: unknown config keys {sorted(unknown)}")
-            for k, v in d.items():
-                kwargs[k] = tuple(v) if isinstance(v, list) else v
-            return cls(**kwargs)
-
+    def from_json(data: Mapping[str, Any], source: str = "config") -> "SeedVR2Config":
+        """Strict: every field of every section must be present (no silent defaults: a
+        checkpoint whose config lacks ``rope_theta`` would otherwise run with 10000 and look
+        fine), and no unknown keys. Errors name the field and ``source`` (the file)."""
         data = dict(data)
-        dit = build(DiTConfig, data.pop("dit", {}))
-        vae = build(VAEConfig, data.pop("vae", {}))
         top = {f.name for f in dataclasses.fields(SeedVR2Config)} - {"dit", "vae"}
-        if set(data) - top:
-            raise ValueError(f"SeedVR2Config: unknown config keys {sorted(set(data) - top)}")
+        dit = _section(DiTConfig, data.pop("dit", None), "dit", source)
+        vae = _section(VAEConfig, data.pop("vae", None), "vae", source)
+        _check_keys(data, top, "", source)
         return SeedVR2Config(dit=dit, vae=vae, **data)
+
+
+def _check_keys(d: Mapping[str, Any], names: set[str], prefix: str, source: str) -> None:
+    """Unknown or missing keys of one config section -> ValueError naming the first one."""
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{source}: unknown config field {prefix}{unknown[0]}"
+                         + (f" (and {len(unknown) - 1} more: {unknown[1:]})" if len(unknown) > 1 else ""))
+    missing = sorted(names - set(d))
+    if missing:
+        raise ValueError(f"{source}: config field {prefix}{missing[0]} is missing"
+                         + (f" (also missing: {', '.join(prefix + m for m in missing[1:])})" if len(missing) > 1 else "")
+                         + "; every field must be given, there are no defaults for checkpoints")
+
+
+def _section(cls: type, d: Any, name: str, source: str) -> Any:
+    """One nested section (``dit``/``vae``), complete, lists turned back into tuples."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{source}: config section {name!r} is missing or not an object")
+    _check_keys(d, {f.name for f in dataclasses.fields(cls)}, f"{name}.", source)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 REAL = SeedVR2Config()

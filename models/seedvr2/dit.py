@@ -9,8 +9,9 @@ strictly (``blocks.i.attn.proj_qkv.vid.weight``, ``blocks.i.ada.all.attn_scale``
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +180,9 @@ class NaSwinAttention(nn.Module):
         self.norm_q = MMModule(lambda: RMSNorm(cfg.head_dim, cfg.norm_eps), shared)
         self.norm_k = MMModule(lambda: RMSNorm(cfg.head_dim, cfg.norm_eps), shared)
         self.rope = MMRoPE3d(cfg.head_dim, cfg.rope_axis_dim, cfg.rope_theta)
+        # None: attention in the input dtype (the fp32 reference). bfloat16: the official
+        # numerics, which cast the concatenated Q/K/V to bf16 before attention (attention_dtype).
+        self.attn_dtype: torch.dtype | None = None
 
     def qkv(self, x: torch.Tensor, branch: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """QKV Linear, split (L, 3, H, hd), per-head RMSNorm of Q and K (weight shared by heads)."""
@@ -204,12 +208,31 @@ class NaSwinAttention(nn.Module):
             q = torch.cat([apply_rope(qv[idx], cos[:, None], sin[:, None]), qt])
             k = torch.cat([apply_rope(kv[idx], cos[:, None], sin[:, None]), kt])
             v = torch.cat([vv[idx], vt])
+            if self.attn_dtype is not None:
+                q, k, v = q.to(self.attn_dtype), k.to(self.attn_dtype), v.to(self.attn_dtype)
             o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                scale=1.0 / math.sqrt(self.head_dim)).transpose(0, 1)
+            if self.attn_dtype is not None:
+                o = o.to(qv.dtype)
             vid_out[idx] = o[: o.shape[0] - n_txt]
             txt_acc = txt_acc + o[o.shape[0] - n_txt:]
         txt_out = txt_acc / len(plan.index)
         return vid_out.flatten(1), txt_out.flatten(1)
+
+
+@contextmanager
+def attention_dtype(model: nn.Module, dtype: torch.dtype | None) -> Iterator[None]:
+    """Every window attention of ``model`` casts Q/K/V to ``dtype`` inside the block (restored on
+    exit). The official dit_v2 attention does this with bf16; the fp32 reference must not."""
+    attns = [m for m in model.modules() if isinstance(m, NaSwinAttention)]
+    before = [m.attn_dtype for m in attns]
+    for m in attns:
+        m.attn_dtype = dtype
+    try:
+        yield
+    finally:
+        for m, d in zip(attns, before):
+            m.attn_dtype = d
 
 
 class NaMMSRTransformerBlock(nn.Module):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -29,7 +28,7 @@ from ncnnport.lazy_weights import (InitRule, SafetensorsSource, SeededSource, We
 from ncnnport.models.seedvr2.config import SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT
 from ncnnport.models.seedvr2.mmrope import rope_freqs
-from ncnnport.models.seedvr2.model import FORMAT, matches
+from ncnnport.models.seedvr2.model import matches, read_config
 from ncnnport.models.seedvr2.vae import VideoAutoencoderKL
 
 ROOTS = ("dit", "vae")
@@ -233,8 +232,5 @@ def from_folder(folder: Path, layers: int | None = None) -> LazySeedVR2:
     """A checkpoint folder read per view. Untruncated, unexpected tensors are errors (a strict
     load); truncated to K blocks, the other blocks' tensors are expected and never read."""
     folder = Path(folder)
-    meta = json.loads((folder / "config.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}/config.json: format {meta.get('format')!r}, expected {FORMAT!r}")
-    config = truncated_config(SeedVR2Config.from_json(meta["config"]), layers)
+    config = truncated_config(read_config(folder), layers)
     return LazySeedVR2(config, FolderSource(folder), truncated=layers is not None, stores_buffers=True)

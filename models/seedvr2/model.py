@@ -156,14 +156,28 @@ def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -
     module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
 
 
+def read_config(folder: Path) -> SeedVR2Config:
+    """A checkpoint folder's ``config.json``: this project's format, every field present."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (a checkpoint folder needs its config.json)")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}")
+    if "config" not in meta:
+        raise ValueError(f"{path}: field 'config' is missing")
+    return SeedVR2Config.from_json(meta["config"], source=str(path))
+
+
 def load(folder: Path) -> SeedVR2:
     """Strict load of a checkpoint folder. Modules are created on the meta device and the
     tensors assigned, so a real 3B checkpoint is never allocated twice."""
     folder = Path(folder)
-    meta = json.loads((folder / "config.json").read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{folder}/config.json: format {meta.get('format')!r}, expected {FORMAT!r}")
-    config = SeedVR2Config.from_json(meta["config"])
+    config = read_config(folder)
     with torch.device("meta"):
         dit, vae = NaDiT(config.dit), VideoAutoencoderKL(config.vae)
     _load_strict(dit, _read_shards(folder, "dit"), f"{folder} DiT")

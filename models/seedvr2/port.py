@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -77,18 +78,70 @@ def precision_options(precision: str, threads: int = 1):
     return table[precision]
 
 
-def read_frames(path: Path) -> np.ndarray:
-    """An image file -> (1, H, W, 3) uint8; a folder of images -> (T, H, W, 3) in name order."""
+def image_files(path: Path) -> list[Path]:
+    """The image files an ``--input`` names: the file itself, or a folder's images in name order.
+    Problems are one-line ValueErrors naming the path."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
+    if path.is_dir():
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            raise ValueError(f"{path}: is a directory, expected an image file")
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ValueError(f"{path}: folder holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        return files
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"{path}: not an image ({', '.join(IMAGE_SUFFIXES)}); for a video give a folder of its frames")
+    return [path]
+
+
+def decode_image(path: Path) -> np.ndarray:
+    """One image -> (H, W, 3) uint8. PIL's decompression-bomb warning is an error here (a
+    crafted header can claim gigapixels), like an undecodable file: a ValueError naming it."""
     from PIL import Image
 
-    path = Path(path)
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if path.is_dir() else [path]
-    if not files:
-        raise FileNotFoundError(f"{path}: no images ({', '.join(IMAGE_SUFFIXES)})")
-    frames = [np.asarray(Image.open(f).convert("RGB"), dtype=np.uint8) for f in files]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: refused as a decompression bomb ({e})") from None
+    except (OSError, SyntaxError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+        raise ValueError(f"{path}: cannot decode as an image ({e})") from None
+
+
+def read_frames(path: Path) -> np.ndarray:
+    """An image file -> (1, H, W, 3) uint8; a folder of images -> (T, H, W, 3) in name order."""
+    files = image_files(path)
+    frames = [decode_image(f) for f in files]
     if len({f.shape for f in frames}) != 1:
         raise ValueError(f"{path}: frames have different sizes {sorted({f.shape for f in frames})}")
     return np.stack(frames)
+
+
+def check_output(inp: Path, out: Path) -> None:
+    """The run verb's output rule: never write into or over the input, never mix with old files.
+
+    A frames folder is written into a NEW or EMPTY folder (a non-empty one is refused, so old
+    frames can never sit next to new ones); an image to an image path that is not a folder."""
+    inp, out = Path(inp), Path(out)
+    ri, ro = inp.resolve(), out.resolve()
+    if ro == ri:
+        raise ValueError(f"--output {out} is the --input itself; choose another path")
+    if ri in ro.parents:
+        raise ValueError(f"--output {out} is inside --input {inp}; choose a folder elsewhere")
+    if inp.is_dir():
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--output {out}: is a file; a frames input needs an output folder")
+        if out.is_dir() and any(out.iterdir()):
+            raise ValueError(f"--output {out}: folder is not empty; give a new or empty folder (outputs are never mixed)")
+        return
+    if out.is_dir():
+        raise ValueError(f"--output {out}: is a folder; an image input needs an output image path")
+    if out.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"--output {out}: not an image path ({', '.join(IMAGE_SUFFIXES)})")
 
 
 def write_frames(frames: np.ndarray, out: Path, single: bool) -> list[Path]:
@@ -124,6 +177,19 @@ def image_stats(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
     d = np.abs(ref.astype(np.int16) - cand.astype(np.int16))
     return {"image_max_abs": int(d.max()), "image_mae": float(d.mean()), "psnr_db": psnr(ref, cand),
             "differing_bytes": int((d > 0).sum()), "total_bytes": int(d.size)}
+
+
+def official_record(label: str, official: np.ndarray, ncnn: np.ndarray, tol: Tolerance,
+                    geo: dict[str, Any]) -> dict[str, Any]:
+    """"ncnn fp32 vs official-as-shipped": the port's frames against the official numerics
+    (pipeline.OfficialBackend: bf16 VAE, bf16 attention, autocast). Reported, never gated: the
+    fp32 port is judged against the fp32 reference; this says how far the official release's
+    own output is from ours. ``would_pass`` is what the frames gate would have said."""
+    rec = stage_record(label, "frames:official_as_shipped", image_rows(official), image_rows(ncnn), tol, **geo,
+                       **image_stats(official, ncnn), compares="ncnn fp32 vs official-as-shipped")
+    rec.update(would_pass=rec["passed"], passed=True, gated=False,
+               reason="reported, not gated (official bf16 numerics vs the fp32 port)")
+    return rec
 
 
 def spec_json(module: Any) -> dict[str, Any]:
@@ -185,19 +251,21 @@ class SeedVR2Port(ModelPort):
     # --- load / split --------------------------------------------------------------------------
     def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
         """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims
-        with seeded per-tensor weights, and a checkpoint folder: both a
+        with seeded per-tensor weights, and a checkpoint folder (safetensors, or official
+        ``.pth`` files converted once, see pth.py): both a
         :class:`~.lazy.LazySeedVR2` whose graphs are built one at a time from their own tensors
         (the whole model is materialised only for e2e parity, the torch bench or ``run``)."""
-        import torch
-
         from ncnnport.models.seedvr2 import lazy
         from ncnnport.models.seedvr2 import model as M
         from ncnnport.models.seedvr2.config import PRESETS
+        from ncnnport.models.seedvr2.pth import safetensors_folder
         from ncnnport.models.seedvr2.seeded import REAL_SEED
+        from ncnnport.targets import DEFAULT_BUILD_ROOT
 
-        torch.set_num_threads(1)
         if ckpt is not None:
-            ref = lazy.from_folder(ckpt, layers)
+            # official .pth weights are converted once into the build folder (pth.py), then
+            # loaded through the same strict safetensors path as any checkpoint
+            ref = lazy.from_folder(safetensors_folder(ckpt, DEFAULT_BUILD_ROOT), layers)
         elif preset == "real":
             ref = lazy.seeded(lazy.truncated_config(PRESETS["real"], layers), REAL_SEED)
         else:
@@ -221,6 +289,12 @@ class SeedVR2Port(ModelPort):
         from ncnnport.models.seedvr2.pipeline import TorchBackend
 
         return TorchBackend(loaded.reference.dit, loaded.reference.vae)
+
+    @staticmethod
+    def official_backend(loaded: LoadedModel):
+        from ncnnport.models.seedvr2.pipeline import OfficialBackend
+
+        return OfficialBackend(loaded.reference.dit, loaded.reference.vae)
 
     @staticmethod
     def graph_backend(loaded: LoadedModel, modules: Mapping[str, Any], streamed: bool = False):
@@ -272,12 +346,18 @@ class SeedVR2Port(ModelPort):
             cases.append((f"input:{Path(p).name}", video, 100 + i, self._area(loaded, *video.shape[1:3])))
         torch_be = self.torch_backend(loaded)
         ncnn_be, _ = self.graph_backend(loaded, ctx.ncnn_modules)
+        official_be = None
         records: list[dict[str, Any]] = []
         for label, video, seed, area in cases:
+            # the official draws (posterior sampled, then x_T) shared by every backend
             a = restore(ref.config, torch_be, video, txt, seed=seed, area=area)
-            b = restore(ref.config, ncnn_be, video, txt, seed=seed, area=area)
+            b = restore(ref.config, ncnn_be, video, txt, a.noise, area=area)
             geo = {"frames_in": int(video.shape[0]), "size": list(a.frames.shape[1:3]),
-                   "latent_shape": list(a.stages["latent"].shape)}
+                   "latent_shape": list(a.stages["latent"].shape), "noise": a.noise.record()}
+            if label == PRECISION_FIXTURE or not self._full_width(loaded):
+                official_be = official_be or self.official_backend(loaded)
+                o = restore(ref.config, official_be, video, txt, a.noise, area=area)
+                records.append(official_record(label, o.frames, b.frames, frames_tol, geo))
             for stage in ["latent"] + sorted(k for k in a.stages if k.startswith("block_")) + ["vid_out", "decoded"]:
                 tol = policy.stage("blocks" if stage.startswith("block_") else stage, prec) if policy else default
                 records.append(stage_record(label, stage, a.stages[stage], b.stages[stage], tol, **geo))
@@ -285,7 +365,7 @@ class SeedVR2Port(ModelPort):
                                         frames_tol, **geo, **image_stats(a.frames, b.frames)))
             if label == residency_fixture:
                 streamed_be, s = self.graph_backend(loaded, ctx.ncnn_modules, streamed=True)
-                c = restore(ref.config, streamed_be, video, txt, seed=seed, area=area)
+                c = restore(ref.config, streamed_be, video, txt, a.noise, area=area)
                 identical = bool(np.array_equal(b.frames, c.frames)) and all(
                     np.array_equal(b.stages[k], c.stages[k]) for k in b.stages if k.startswith("block_"))
                 records.append(stage_record(label, "residency", image_rows(b.frames),
@@ -403,19 +483,46 @@ class SeedVR2Port(ModelPort):
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
+        from ncnnport.models.seedvr2.pipeline import OFFICIAL_SEED
+
         parser.add_argument("--input", type=Path, required=True, help="an image file, or a folder of frames")
         parser.add_argument("--output", type=Path, required=True,
-                            help="output PNG (image input) or folder (frames input)")
+                            help="output image path (image input) or a NEW or EMPTY folder (frames input; a "
+                                 "non-empty folder is refused so old and new frames never mix); never the input "
+                                 "or inside it")
         parser.add_argument("--area", type=int, default=None,
                             help="target pixel area (default: 720*1280 for the full-size model, the "
                                  f"input's own area capped at {TINY_MAX_AREA} for small test configs)")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--seed", type=int, default=OFFICIAL_SEED,
+                            help="the official script's seed (default %(default)s, its default): posterior noise "
+                                 "then x_T, bf16, in its order and layout")
+        parser.add_argument("--noise-device", choices=("cpu", "cuda"), default="cpu",
+                            help="generator for the seeded noise: cuda draws what the official (CUDA) run draws on "
+                                 "the same GPU model; cpu (default) has the same order, shapes and dtype but "
+                                 "torch's CPU generator, so different values")
+        parser.add_argument("--posterior", choices=("sample", "mean"), default="sample",
+                            help="sample the VAE posterior like the official encoder (default), or use its mean")
         parser.add_argument("--residency", choices=("resident", "streamed"), default="resident",
                             help="streamed: load, run and release each DiT block's graphs in turn")
         parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                             help="ncnn storage precision: fp16 = fp16 storage+packed, bf16 = bf16 storage "
                                  "(arithmetic fp32); error vs fp32 in the parity report's precision:* records")
         parser.add_argument("--no-colour-fix", action="store_true")
+
+    def validate_inputs(self, paths) -> None:
+        """Every ``parity --input`` decodes to frames of one size (see :func:`read_frames`)."""
+        for p in paths:
+            read_frames(Path(p))
+
+    def validate_run_args(self, args) -> None:
+        """Input decodes, output follows :func:`check_output`, a CUDA noise device exists."""
+        self.validate_inputs([args.input])
+        check_output(args.input, args.output)
+        if getattr(args, "noise_device", "cpu") == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--noise-device cuda: no CUDA device is visible to torch")
 
     @staticmethod
     def _with_precision(modules: Mapping[str, Any], precision: str) -> Mapping[str, Any]:
@@ -436,19 +543,33 @@ class SeedVR2Port(ModelPort):
     def run(self, loaded: LoadedModel, modules, args) -> int:
         from ncnnport.models.seedvr2.pipeline import restore
 
+        check_output(args.input, args.output)
         video = read_frames(args.input)
         area = args.area or self._area(loaded, video.shape[1], video.shape[2])
         modules = self._with_precision(modules, args.precision)
         backend, streamer = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
-        result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(),
-                         seed=args.seed, area=area, colour_fix=not args.no_colour_fix)
+        noise = self._run_noise(loaded, video, area, args)
+        result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(), noise,
+                         area=area, colour_fix=not args.no_colour_fix)
         paths = write_frames(result.frames, args.output, single=not Path(args.input).is_dir())
         held = (modules.live_peak(is_block_graph) if hasattr(modules, "live_peak")
                 else streamer.peak_live if streamer else "all")
+        rec = noise.record()
         print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output} "
-              f"[{args.precision}, {args.residency}: at most {held} DiT block graph(s) held at once]")
+              f"[{args.precision}, {args.residency}: at most {held} DiT block graph(s) held at once; noise seed "
+              f"{rec['seed']} on {rec['device']}, posterior {rec['posterior']}, sha256 {rec['sha256'][:16]}]")
         sys.stdout.flush()
         return 0
+
+    @staticmethod
+    def _run_noise(loaded: LoadedModel, video: np.ndarray, area: int, args):
+        """The seeded official draws for this input's latent shape (``--seed``,
+        ``--noise-device``, ``--posterior``)."""
+        from ncnnport.models.seedvr2.pipeline import Noise, latent_shape_for
+
+        shape = latent_shape_for(loaded.reference.config, video, area)
+        return Noise.seeded(shape, args.seed, sample_posterior=args.posterior == "sample",
+                            device=getattr(args, "noise_device", "cpu"))
 
 
 PORT = SeedVR2Port()

@@ -10,7 +10,7 @@ ncnn graphs opened from the package, used and released. Both sides hand their ac
 * ``<stage>/local``: the ncnn graph(s) of a stage fed exactly the torch side's input;
 * ``<stage>`` (propagated): the ncnn chain on its own outputs from the pixels on.
 
-Host steps (preprocess, noise, condition, Euler step, clip, colour fix) are the pipeline's own,
+Host steps (preprocess, noise, condition, Euler step, colour fix, clip) are the pipeline's own,
 so differences come from the graphs alone. Peak RSS and time are measured per phase.
 """
 
@@ -38,7 +38,7 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
     package (graphs opened on lookup, released here after use)."""
     from ncnnport.models.seedvr2.dit import unpatchify
     from ncnnport.models.seedvr2.mmrope import text_positions
-    from ncnnport.models.seedvr2.pipeline import Noise, preprocess, to_uint8, wavelet_color_fix
+    from ncnnport.models.seedvr2.pipeline import Noise, posterior_latent, preprocess, to_uint8, wavelet_color_fix
     from ncnnport.models.seedvr2.port import image_rows, image_stats
     from ncnnport.models.seedvr2.runner import GraphBackend, block_names, decode_stage_names, patchify_np
     from ncnnport.models.seedvr2.vae import latent_frames
@@ -58,16 +58,19 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
         recs.append(stage_record(label, stage, np.asarray(ref), np.asarray(cand), tol, **extra))
 
     # --- VAE encoder --------------------------------------------------------------------------
-    def torch_encode() -> np.ndarray:
+    def torch_encode() -> tuple[np.ndarray, np.ndarray]:
         enc = model.view("vae", ["encoder"])
-        return enc.encode_moments(torch.from_numpy(x[None]))[0].numpy()
+        m, lv = enc.encode_moments(torch.from_numpy(x[None]))
+        return m.numpy(), lv.numpy()
 
-    ref_mean = ph.run("vae_encode_torch", torch_encode)
-    cand_mean = ph.run("vae_encode_ncnn", lambda: ncnn.encode(x[None])[0])
+    ref_moments = ph.run("vae_encode_torch", torch_encode)
+    cand_moments = ph.run("vae_encode_ncnn", lambda: ncnn.encode(x[None]))
     modules.release("vae_encode")
-    ref_lat, cand_lat = ref_mean[0] * v.scaling_factor, cand_mean[0] * v.scaling_factor
+    noise = Noise.seeded(lat, seed)  # the official draws: posterior sampled, then x_T
+    extra["noise"] = noise.record()
+    ref_lat = posterior_latent(*ref_moments, noise, v.scaling_factor)
+    cand_lat = posterior_latent(*cand_moments, noise, v.scaling_factor)
     rec("latent", ref_lat, cand_lat, tol_for("latent"))
-    noise = Noise.seeded(lat, seed)
     x_T = noise.x_T.transpose(1, 2, 3, 0)
 
     def cond_of(latent: np.ndarray) -> np.ndarray:
@@ -155,8 +158,7 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
     for name in decode_stage_names(cfg):
         modules.release(name)
     rec("decoded/local", ref_dec, local_dec, local_tol)
-    ref_dec, cand_dec = np.clip(ref_dec, -1.0, 1.0), np.clip(cand_dec, -1.0, 1.0)
-    rec("decoded", ref_dec, cand_dec, tol_for("decoded"))
+    rec("decoded", ref_dec, cand_dec, tol_for("decoded"))  # unclipped: colour fix first, clip in to_uint8
     n_in = video.shape[0]
     ref_frames = to_uint8(wavelet_color_fix(ref_dec, x))[:n_in]
     cand_frames = to_uint8(wavelet_color_fix(cand_dec, x))[:n_in]

@@ -218,8 +218,10 @@ def test_cli_run_hands_the_port_a_lazy_mapping(built, tmp_path, monkeypatch) -> 
 
     monkeypatch.setattr(PORT, "run", fake_run)
     build_dir = pkg.parent.parent.parent   # <root>/seedvr2/tiny/package
+    img = tmp_path / "x.png"               # the CLI validates the input before any model loads
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(img)
     rc = cli.main(["run", "seedvr2", "--build-dir", str(build_dir), "--threads", "1",
-                   "--input", "x.png", "--output", "y.png", "--precision", "bf16"])
+                   "--input", str(img), "--output", str(tmp_path / "y.png"), "--precision", "bf16"])
     assert rc == 0
     assert isinstance(seen["modules"], LazyModules) and seen["modules"].live == []
     assert seen["args"].precision == "bf16"
@@ -264,6 +266,19 @@ def test_e2e_records_frame_metrics_per_reduced_precision_option(summary) -> None
 
 
 # --- first divergence -----------------------------------------------------------------------------
+def test_e2e_records_the_noise_and_the_official_as_shipped_distance(summary) -> None:
+    """Every fixture's e2e rows carry the noise they used (seeded official draws, posterior
+    sampled) and one reported, ungated "ncnn fp32 vs official-as-shipped" frames row."""
+    e2e = [r for r in summary["e2e"] if r.get("kind") == "tensor"]
+    official = {r["fixture"]: r for r in e2e if r["stage"] == "frames:official_as_shipped"}
+    assert set(official) == {r["fixture"] for r in e2e if r["stage"] == "frames"}
+    for fx, rec in official.items():
+        assert rec["gated"] is False and rec["passed"] is True and rec["compares"] == "ncnn fp32 vs official-as-shipped"
+        assert rec["psnr_db"] > 30 and rec["image_max_abs"] > 0, rec        # bf16 numerics differ, a little
+        noise = next(r["noise"] for r in e2e if r["fixture"] == fx and r["stage"] == "latent")
+        assert noise["posterior"] == "sample" and noise["dtype"] == "bfloat16" and len(noise["sha256"]) == 64
+
+
 def test_trace_record_passes_and_covers_every_graph(summary) -> None:
     traces = [r for r in summary["e2e"] if r.get("kind") == "trace"]
     assert len(traces) == 1 and traces[0]["fixture"] == "image_64x96"
