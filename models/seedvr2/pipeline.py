@@ -114,9 +114,12 @@ def wavelet_color_fix(output: np.ndarray, source: np.ndarray,
 
 
 def to_uint8(x: np.ndarray) -> np.ndarray:
-    """(3, T, H, W) in [-1, 1] -> uint8 (T, H, W, 3): clip, *127.5 + 127.5, round."""
-    y = np.clip(x, -1.0, 1.0) * 127.5 + 127.5
-    return np.clip(np.rint(y), 0, 255).astype(np.uint8).transpose(1, 2, 3, 0)
+    """(3, T, H, W) -> uint8 (T, H, W, 3) with the official script's float32 arithmetic:
+    ``clip(-1, 1) * 0.5 + 0.5``, ``* 255``, round half to even. Folding it into ``x * 127.5 +
+    127.5`` rounds differently: about 5 in a million values land one level off."""
+    y = np.clip(np.asarray(x, dtype=np.float32), -1.0, 1.0)
+    y = (y * np.float32(0.5) + np.float32(0.5)) * np.float32(255.0)
+    return np.rint(y).astype(np.uint8).transpose(1, 2, 3, 0)
 
 
 # --- backends --------------------------------------------------------------------------------

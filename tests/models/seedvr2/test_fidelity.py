@@ -309,3 +309,15 @@ def test_load_leaves_the_process_thread_count_alone() -> None:
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_to_uint8_uses_the_official_float32_arithmetic() -> None:
+    """Official: ``clip(-1, 1).mul(0.5).add(0.5).mul(255).round()`` in float32. These inputs round
+    one level apart under the folded ``x * 127.5 + 127.5``."""
+    from ncnnport.models.seedvr2.pipeline import to_uint8
+
+    x = np.array([0.737254798412323, 0.36862748861312866, -0.9098039269447327, 1.7, -3.0],
+                 dtype=np.float32).reshape(1, 1, 1, 5).repeat(3, axis=0)
+    want = np.rint((np.clip(x[0, 0, 0], -1, 1) * np.float32(0.5) + np.float32(0.5)) * np.float32(255))
+    assert want.tolist() == [222.0, 175.0, 11.0, 255.0, 0.0]
+    assert to_uint8(x)[0, 0, :, 0].tolist() == want.tolist()
