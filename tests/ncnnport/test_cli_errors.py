@@ -160,10 +160,14 @@ def test_run_says_seeded_weights_give_filler_before_loading(tmp_path, monkeypatc
         raise ValueError("stopped before the model load")
 
     monkeypatch.setattr(stages, "prepare", stop)
-    clip = tmp_path / "clip.wav"
-    clip.write_bytes(b"")
+    import numpy as np
+    import soundfile as sf
+
+    clip = tmp_path / "clip.wav"  # a valid input, so the run gets past input validation
+    sf.write(clip, np.zeros(16000, dtype=np.float32), 16000)
     assert main(["run", "qwen3-asr", "--audio", str(clip), "--build-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
+    assert "stopped before the model load" in err
     assert "runs seeded weights (preset tiny), not a checkpoint" in err and "filler" in err
 
 
