@@ -46,17 +46,30 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def ncnn_dispatch() -> dict[str, bool]:
+    """The CPU features as ncnn's own cpuid probe sees them (``ncnn.cpu_support_*`` that the
+    Python binding exposes). Differs from /proc/cpuinfo under an emulated CPU (qemu-user shows
+    the host's cpuinfo) or a hypervisor that masks features: this is what picked the kernels."""
+    try:
+        import ncnn
+    except ImportError:
+        return {}
+    probes = sorted(n for n in dir(ncnn) if n.startswith("cpu_support_"))
+    return {n[len("cpu_support_"):]: bool(getattr(ncnn, n)()) for n in probes}
+
+
 def machine_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """What every summary records about the machine (unreadable cpuinfo: model "unknown")."""
     try:
         cpu = parse_cpuinfo(cpuinfo.read_text())
     except OSError:
         cpu = {"cpu_model": platform.processor() or "unknown", "isa_features": []}
-    return {"arch": platform.machine(), **cpu,
+    return {"arch": platform.machine(), **cpu, "ncnn_dispatch": ncnn_dispatch(),
             "ncnn": _version("ncnn"), "torch": _version("torch"), "numpy": _version("numpy")}
 
 
 def describe(record: dict[str, Any]) -> str:
     """One line for tables and logs."""
-    return (f"{record['cpu_model']} ({record['arch']}: {' '.join(record['isa_features']) or 'baseline ISA'}), "
-            f"ncnn {record['ncnn']}, torch {record['torch']}")
+    seen = [k for k, v in record.get("ncnn_dispatch", {}).items() if v]
+    return (f"{record['cpu_model']} ({record['arch']}: {' '.join(record['isa_features']) or 'baseline ISA'}; "
+            f"ncnn sees: {' '.join(seen) or 'baseline ISA'}), ncnn {record['ncnn']}, torch {record['torch']}")

@@ -36,4 +36,5 @@ def test_this_machine_record_has_versions(tmp_path):
     rec = machine_record()
     assert rec["ncnn"] != "not installed" and rec["torch"] != "not installed"
     assert "ncnn" in describe(rec)
+    assert set(rec["ncnn_dispatch"]) >= {"x86_avx", "x86_avx2", "arm_asimdhp"}
     assert machine_record(tmp_path / "missing")["isa_features"] == []
