@@ -9,6 +9,10 @@ from typing import Any
 
 from ncnnport.contract import Tolerance
 from ncnnport.fsutil import read_json, sha256_file
+from ncnnport.parity.budgets import RoundoffRule, derive
+
+# a mode a policy may leave out, judged by the explicit entries (absolute stages) of its parent
+MODE_PARENT = {"fp16_arithmetic": "fp16"}
 
 FP32_DEFAULT = Tolerance(min_cosine=0.999999, max_abs_rel=1e-4)
 
@@ -25,7 +29,32 @@ class Policy:
         data = read_json(path)
         if "version" not in data or "precisions" not in data:
             raise ValueError(f"{path}: a policy needs 'version' and 'precisions'")
-        return cls(Path(path), data)
+        policy = cls(Path(path), data)
+        policy._check_rule()
+        return policy
+
+    @property
+    def rule(self) -> RoundoffRule | None:
+        """The model's roundoff rule (``roundoff_rule``), which derives every reduced-precision
+        mode's relative gates; None for a policy that states them as numbers."""
+        raw = self.data.get("roundoff_rule")
+        return None if raw is None else RoundoffRule.from_json(raw, str(self.path or "policy"))
+
+    def _check_rule(self) -> None:
+        """With a rule, a reduced mode may only state absolute gates (``max_abs_rel`` 0: host-side
+        or byte-exact stages): a relative number there would be a machine-fitted budget again."""
+        if self.rule is None:
+            return
+        for mode, body in self.data["precisions"].items():
+            if mode == "fp32":
+                continue
+            if "default" in body or "modules" in body:
+                raise ValueError(f"{self.path}: precisions.{mode}: 'default'/'modules' are derived from "
+                                 f"roundoff_rule; state a module's amplification in roundoff_rule.modules")
+            for stage, raw in body.get("stages", {}).items():
+                if raw.get("max_abs_rel", 0.0) != 0.0:
+                    raise ValueError(f"{self.path}: precisions.{mode}.stages.{stage}: only absolute gates "
+                                     f"(max_abs_rel 0) may be stated; relative ones come from roundoff_rule")
 
     @property
     def sha256(self) -> str | None:
@@ -36,7 +65,18 @@ class Policy:
                 "sha256": self.sha256}
 
     def _mode(self, precision: str) -> dict[str, Any]:
-        return self.data["precisions"].get(precision, {})
+        modes = self.data["precisions"]
+        if precision not in modes and precision in MODE_PARENT:
+            return modes.get(MODE_PARENT[precision], {})
+        return modes.get(precision, {})
+
+    def _derived(self, precision: str, section: str = "", name: str = "") -> Tolerance | None:
+        """The rule's budget for ``precision`` (with a module's/stage's own kappa), or None."""
+        rule = self.rule
+        if rule is None or precision == "fp32":
+            return None
+        rule = rule.override(self.data["roundoff_rule"].get(section, {}).get(name) if section else None)
+        return derive(rule, precision, self.default("fp32"))
 
     @staticmethod
     def _tol(raw: dict[str, Any] | None, base: Tolerance) -> Tolerance:
@@ -47,12 +87,16 @@ class Policy:
                          max_abs_floor=raw.get("max_abs_floor", base.max_abs_floor))
 
     def default(self, precision: str = "fp32") -> Tolerance:
-        return self._tol(self._mode(precision).get("default"), FP32_DEFAULT)
+        derived = self._derived(precision)
+        return derived if derived is not None else self._tol(self._mode(precision).get("default"), FP32_DEFAULT)
 
     def module(self, name: str, precision: str = "fp32") -> dict[str, Tolerance]:
         """Gates for a module's outputs: ``{"*": default}`` plus any per-output overrides."""
         mode = self._mode(precision)
         base = self.default(precision)
+        derived = self._derived(precision, "modules", name)
+        if derived is not None:
+            return {"*": derived}
         raw = mode.get("modules", {}).get(name, {})
         out = {"*": self._tol(raw.get("*"), base)}
         for key, val in raw.items():
@@ -62,7 +106,11 @@ class Policy:
 
     def stage(self, stage: str, precision: str = "fp32") -> Tolerance:
         mode = self._mode(precision)
-        return self._tol(mode.get("stages", {}).get(stage), self.default(precision))
+        raw = mode.get("stages", {}).get(stage)
+        derived = self._derived(precision, "stages", stage)
+        if derived is not None and raw is None:
+            return derived
+        return self._tol(raw, self.default(precision))
 
     def number(self, key: str, default: float, precision: str = "fp32") -> float:
         """A scalar gate such as ``min_tokens``."""

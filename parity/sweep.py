@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ncnnport.contract import Tolerance
+from ncnnport.runtime.machine import describe, machine_record
 from ncnnport.runtime.options import RuntimeOptions
 
 
@@ -30,14 +32,15 @@ def variants(gpu: bool) -> list[Variant]:
         Variant("fp16 storage", base.with_(fp16_storage=True), "fp16"),
         Variant("fp16 storage+packed", base.with_(fp16_storage=True, fp16_packed=True), "fp16"),
         Variant("fp16 storage+packed+arithmetic",
-                base.with_(fp16_storage=True, fp16_packed=True, fp16_arithmetic=True), "fp16"),
+                base.with_(fp16_storage=True, fp16_packed=True, fp16_arithmetic=True), "fp16_arithmetic"),
         Variant("bf16 storage", base.with_(bf16_storage=True), "bf16"),
         Variant("pnnx fp16 weights", base, "fp16_weights", fp16_weights=True),
     ]
     if gpu:
         out.insert(2, Variant("vulkan fp32", base.with_(use_vulkan=True), "fp32"))
         out.append(Variant("vulkan default fp16", base.with_(use_vulkan=True, fp16_storage=True,
-                                                               fp16_packed=True, fp16_arithmetic=True), "fp16"))
+                                                               fp16_packed=True, fp16_arithmetic=True),
+                           "fp16_arithmetic"))
     return out
 
 
@@ -60,8 +63,10 @@ def _worst(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool) -> dict[str, Any]:
-    """``run_variant(v)`` returns a parity summary for variant ``v`` (judged in ``v.precision``)."""
+def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool,
+          budget: Callable[[str], Tolerance] | None = None) -> dict[str, Any]:
+    """``run_variant(v)`` returns a parity summary for variant ``v`` (judged in ``v.precision``);
+    ``budget(precision)`` (the policy's default gate of that mode) is recorded beside each row."""
     rows = []
     baseline = None
     for v in variants(gpu):
@@ -73,19 +78,21 @@ def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool) -> dict[s
                "first_failure": None if not failing else
                f"{failing[0].get('name', failing[0].get('fixture'))}/"
                f"{failing[0].get('output', failing[0].get('stage'))}: {failing[0].get('reason', '')}",
-               **_worst(summary["modules"] + summary["e2e"])}
+               **_worst(summary["modules"] + summary["e2e"]),
+               "budget": None if budget is None else budget(v.precision).to_json()}
         if baseline is None:
             baseline = row
         row["rel_error_vs_fp32"] = (None if not row["worst_rel_max_abs"] or not baseline["worst_rel_max_abs"]
                                     else row["worst_rel_max_abs"] / baseline["worst_rel_max_abs"])
         rows.append(row)
     first_break = next((r["variant"] for r in rows if not r["gates_passed"]), None)
-    return {"variants": rows, "first_breaking_option": first_break}
+    return {"variants": rows, "first_breaking_option": first_break, "machine": machine_record()}
 
 
 def sweep_table(result: dict[str, Any]) -> str:
-    lines = ["| option | precision budget | worst local max_abs/max|ref| | x fp32 | min cosine | greedy tokens "
-             "| teacher-forced top-1 (min) | KL mean (max) | gates |",
+    lines = [f"machine: {describe(result['machine'])}" if "machine" in result else "",
+             "| option | precision budget | worst local max_abs/max|ref| (budget) | x fp32 | min cosine (budget) "
+             "| greedy tokens | teacher-forced top-1 (min) | KL mean (max) | gates |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["variants"]:
         rel = "-" if r["worst_rel_max_abs"] is None else f"{r['worst_rel_max_abs']:.3e}"
@@ -94,6 +101,9 @@ def sweep_table(result: dict[str, Any]) -> str:
         gates = "PASS" if r["gates_passed"] else f"FAIL ({r['failed_gates']}): {r['first_failure'][:80]}"
         top1 = "-" if r["teacher_forced_top1_min"] is None else f"{r['teacher_forced_top1_min']:.3f}"
         kl = "-" if r["teacher_forced_kl_max"] is None else f"{r['teacher_forced_kl_max']:.2e}"
+        b = r.get("budget")
+        if b:
+            rel, cos = f"{rel} ({b['max_abs_rel']:.2e})", f"{cos} ({b['min_cosine']:.7f})"
         lines.append(f"| {r['variant']} | {r['precision_mode']} | {rel} | {ratio} | {cos} | "
                      f"{r['tokens_matched']}/{r['tokens_compared']} | {top1} | {kl} | {gates} |")
     lines.append(f"\nfirst option that breaks a gate: {result['first_breaking_option'] or 'none'}")

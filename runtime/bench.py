@@ -70,6 +70,10 @@ class BenchResult:
     identical_outputs: bool
     mismatched_calls: list[int] = field(default_factory=list)
     times_ms: list[float] = field(default_factory=list)
+    # drift of stage/control time ratios (see ``relative_drift``); None when no control ran
+    relative_drift_pct_per_100: float | None = None
+    relative_drift_ci_pct_per_100: float | None = None
+    control_median_ms: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -81,6 +85,78 @@ class BenchResult:
         (like 702 ms -> 1848 ms over 15 calls) does.
         """
         return self.drift_pct_per_100 - self.drift_ci_pct_per_100 <= pct_per_100
+
+    def relative_drift_within(self, pct_per_100: float) -> bool:
+        """The same judgement on the stage/control ratio, which load on the machine cancels out
+        of; falls back to the raw drift when no control workload ran."""
+        if self.relative_drift_pct_per_100 is None or self.relative_drift_ci_pct_per_100 is None:
+            return self.drift_within(pct_per_100)
+        return self.relative_drift_pct_per_100 - self.relative_drift_ci_pct_per_100 <= pct_per_100
+
+
+class ControlWorkload:
+    """A fixed single-threaded CPU workload, calibrated once to the stage's CPU time.
+
+    Run call by call between the stage's calls, it is slowed by whatever else the machine runs
+    exactly as the stage is; the ratio stage/control then drifts only when the stage itself
+    does. numpy element-wise ops on an L2-resident array: never multi-threaded, no allocation.
+    """
+
+    def __init__(self, target_ms: float, elements: int = 1 << 14) -> None:
+        rng = np.random.default_rng(0)
+        self._a = rng.random(elements, dtype=np.float32)
+        self._b = np.empty_like(self._a)
+        self.repeats = 1
+        self.repeats = self._calibrate(max(target_ms, 0.05))
+
+    def _once(self) -> None:
+        for _ in range(self.repeats):
+            np.multiply(self._a, 1.0001, out=self._b)
+            np.sqrt(self._b, out=self._b)
+
+    def _calibrate(self, target_ms: float) -> int:
+        """Repeats for ``target_ms`` of CPU time (process time: what a busy machine does not
+        inflate), from batches of >= 5 ms so timer resolution does not set it."""
+        while True:
+            t = time.process_time()
+            self._once()
+            spent_ms = (time.process_time() - t) * 1e3
+            if spent_ms >= 5.0 or self.repeats >= 1 << 20:
+                break
+            self.repeats *= 2
+        return max(1, round(target_ms * self.repeats / max(spent_ms, 1e-6)))
+
+    def __call__(self) -> float:
+        """Run once; the elapsed milliseconds."""
+        t = time.perf_counter()
+        self._once()
+        return (time.perf_counter() - t) * 1e3
+
+
+def relative_drift(stage_ms: Sequence[float], control_ms: Sequence[float],
+                   block: int = 5) -> tuple[float, float]:
+    """Drift of the stage/control ratio (% per 100 calls, and its 95% CI half-width).
+
+    ``control_ms`` has one more entry than ``stage_ms``: controls i and i+1 bracket stage call i.
+    Calls are grouped in blocks of ``block``; a block's ratio is the median of its stage calls
+    over the median of its bracketing controls. On a machine shared with other processes a
+    millisecond call's wall time is quantised by the scheduler (it either got a time slice or
+    waited for one), so single-call ratios are bimodal noise; block medians keep the machine's
+    speed at that moment and drop the quantisation. The Theil-Sen slope runs over the blocks.
+    """
+    if len(control_ms) != len(stage_ms) + 1:
+        raise ValueError(f"{len(stage_ms)} stage calls need {len(stage_ms) + 1} bracketing control calls")
+    stage = np.asarray(stage_ms, dtype=np.float64)
+    ctrl = np.asarray(control_ms, dtype=np.float64)
+    block = max(1, min(block, len(stage) // 8 or 1))  # keep >= 8 points for the slope when short
+    starts = range(0, len(stage) - block + 1, block)
+    ratio = [float(np.median(stage[k:k + block]) / max(float(np.median(ctrl[k:k + block + 1])), 1e-9))
+             for k in starts]
+    slope, ci = robust_slope(ratio)
+    med = float(np.median(ratio)) if ratio else 0.0
+    if med <= 0:
+        return 0.0, float("inf")
+    return 100.0 * slope / block * 100.0 / med, 100.0 * ci / block * 100.0 / med
 
 
 def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
@@ -120,17 +196,27 @@ def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
         mismatched_calls=mismatched, times_ms=times)
 
 
-def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[str, BenchResult]:
+def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3,
+               control: bool = True) -> dict[str, BenchResult]:
     """Alternate the calls round-robin; each one's outputs must equal its isolated first call.
 
     This is the multimodal case: an encoder called between LLM decode steps must neither slow
-    down nor change because the other sub-model ran.
+    down nor change because the other sub-model ran. With ``control``, each stage call is
+    bracketed by calls of its own :class:`ControlWorkload` (calibrated to the stage's warm-up
+    time), and its drift is also judged on the stage/control ratio, which machine load cancels.
     """
     isolated = {name: [np.array(o, copy=True) for o in fn()] for name, fn in calls.items()}
     refs = {name: fingerprint(out) for name, out in isolated.items()}
-    for _ in range(warmup):
-        for fn in calls.values():
+    warm_cpu_ms: dict[str, list[float]] = {n: [] for n in calls}
+    for _ in range(max(warmup, 3 if control else 0)):
+        for name, fn in calls.items():
+            t = time.process_time()
             fn()
+            warm_cpu_ms[name].append((time.process_time() - t) * 1e3)
+    # calibrated in CPU time, which load does not inflate: a control of the stage's own length
+    # spans as many scheduler time slices, so a busy machine stretches both alike
+    controls = {n: ControlWorkload(statistics.median(ts)) for n, ts in warm_cpu_ms.items()} if control else {}
+    ctrl_ms: dict[str, list[float]] = {n: [c()] for n, c in controls.items()}
     gc.collect()
     rss0 = rss_bytes()
     times: dict[str, list[float]] = {n: [] for n in calls}
@@ -140,6 +226,8 @@ def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[
             t = time.perf_counter()
             out = fn()
             times[name].append((time.perf_counter() - t) * 1e3)
+            if name in controls:
+                ctrl_ms[name].append(controls[name]())
             if fingerprint(out) != refs[name]:
                 bad[name].append(r)
     gc.collect()
@@ -148,11 +236,14 @@ def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3) -> dict[
     for name, ts in times.items():
         med = statistics.median(ts)
         slope, ci = robust_slope(ts)
+        rel = relative_drift(ts, ctrl_ms[name]) if name in ctrl_ms else (None, None)
         results[name] = BenchResult(
             label=name, runs=rounds, first_call_ms=float("nan"), mean_ms=statistics.fmean(ts),
             std_ms=statistics.pstdev(ts), median_ms=med, min_ms=min(ts), max_ms=max(ts),
             drift_pct_per_100=100.0 * slope * 100.0 / med, drift_ci_pct_per_100=100.0 * ci * 100.0 / med,
-            rss_growth_mb=growth, identical_outputs=not bad[name], mismatched_calls=bad[name], times_ms=ts)
+            rss_growth_mb=growth, identical_outputs=not bad[name], mismatched_calls=bad[name], times_ms=ts,
+            relative_drift_pct_per_100=rel[0], relative_drift_ci_pct_per_100=rel[1],
+            control_median_ms=statistics.median(ctrl_ms[name]) if name in ctrl_ms else None)
     return results
 
 

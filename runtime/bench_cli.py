@@ -29,10 +29,18 @@ def backend_options(backend: str, threads: int) -> RuntimeOptions:
     raise ValueError(f"unknown backend {backend!r}: use cpu or vulkan")
 
 
+def _drift(r: BenchResult) -> str:
+    """Raw drift, and the drift relative to the interleaved control workload where one ran."""
+    raw = f"{r.drift_pct_per_100:+.2f} (+-{r.drift_ci_pct_per_100:.2f})"
+    if r.relative_drift_pct_per_100 is None:
+        return raw
+    return f"{raw}; vs control {r.relative_drift_pct_per_100:+.2f} (+-{r.relative_drift_ci_pct_per_100:.2f})"
+
+
 def row(model: str, stage: str, size: str, backend: str, r: BenchResult) -> str:
     return (f"| {model} | {stage} | {size} | {backend} | {r.runs} | {r.mean_ms:.3f} +- {r.std_ms:.3f} | "
             f"{r.min_ms:.3f} | {r.max_ms:.3f} | {r.median_ms:.3f} | {r.first_call_ms:.2f} | "
-            f"{r.drift_pct_per_100:+.2f} (+-{r.drift_ci_pct_per_100:.2f}) | {r.rss_growth_mb:+.2f} | "
+            f"{_drift(r)} | {r.rss_growth_mb:+.2f} | "
             f"{'yes' if r.identical_outputs else 'NO ' + str(r.mismatched_calls[:5])} |")
 
 

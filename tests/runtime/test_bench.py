@@ -1,10 +1,15 @@
 """The stability checks can fail: doubles that leak, slow down or share state are caught."""
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pytest
 
-from ncnnport.runtime.bench import interleave, measure, robust_slope
+from ncnnport.runtime.bench import interleave, measure, relative_drift, robust_slope
 
 
 class GrowingCacheDouble:
@@ -76,3 +81,95 @@ def test_robust_slope_ignores_one_spike_but_sees_a_trend():
     trend = [1.0 + 0.01 * i for i in range(50)]
     slope, ci = robust_slope(trend)
     assert abs(slope - 0.01) < 1e-9 and slope - ci > 0
+
+
+# --- drift judged against an interleaved control workload -------------------------------------
+
+LOAD_SCRIPT = """
+import multiprocessing, sys, time
+def spin(stop):
+    while time.time() < stop:
+        pass
+if __name__ == "__main__":
+    period_s, workers, bound_s = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    end = time.time() + bound_s
+    while time.time() < end:  # off for a period, then every core busy for a period, and again
+        time.sleep(period_s)
+        stop = min(time.time() + period_s, end)
+        procs = [multiprocessing.Process(target=spin, args=(stop,)) for _ in range(workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+"""
+
+
+class LoadGenerator:
+    """Other processes starting and stopping during the run: ``period_s`` quiet, then two busy
+    loops per core for ``period_s``, repeated for at most ``bound_s``; killed on exit."""
+
+    def __init__(self, period_s: float = 1.0, bound_s: float = 20.0) -> None:
+        self.args = [str(period_s), str(2 * len(os.sched_getaffinity(0))), str(bound_s)]
+
+    def __enter__(self) -> "LoadGenerator":
+        # its own process group (to kill it whole) but this session: a new session would be its
+        # own scheduler autogroup, whose busy loops together get one process's share of the CPU
+        self.proc = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT, *self.args], process_group=0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def cpu_work(iterations: int):
+    """A stage whose cost is CPU work (not wall time), so load slows it like a real graph."""
+    def call():
+        acc = 0
+        for i in range(iterations):
+            acc += i
+        return [np.arange(4, dtype=np.float32)]
+    return call
+
+
+class SlowingStage:
+    """A stage that does 1% more CPU work every call (a cache scanned as it grows). CPU work, not
+    a sleep: a sleep is not slowed by load while the control is, which is not how a graph behaves."""
+
+    def __init__(self, iterations: int) -> None:
+        self.iterations, self.calls = iterations, 0
+
+    def __call__(self):
+        out = cpu_work(int(self.iterations * 1.01 ** self.calls))()
+        self.calls += 1
+        return out
+
+
+def block_medians(times: list, block: int = 5) -> list:
+    return [float(np.median(times[k:k + block])) for k in range(0, len(times) - block + 1, block)]
+
+
+def test_load_starting_and_stopping_passes_the_relative_drift_gate():
+    with LoadGenerator(period_s=1.0):
+        r = interleave({"stage": cpu_work(150_000)}, rounds=120, warmup=2)["stage"]
+    blocks = block_medians(r.times_ms)
+    # the load really came and went on the stage's wall time (else this test would prove nothing)
+    assert max(blocks) > 1.5 * min(blocks), blocks
+    assert r.relative_drift_within(2.0), (r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
+
+
+def test_one_percent_per_call_slowdown_fails_relative_drift_under_load():
+    with LoadGenerator(period_s=1.0):
+        r = interleave({"stage": SlowingStage(150_000)}, rounds=120, warmup=1)["stage"]
+    assert not r.relative_drift_within(2.0), (r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
+    assert r.relative_drift_pct_per_100 > 30  # 1%/call compounding: ~100%/100 calls of the median
+
+
+def test_relative_drift_needs_bracketing_controls():
+    with pytest.raises(ValueError, match="bracketing control"):
+        relative_drift([1.0, 1.0], [1.0, 1.0])
+    # a machine that halves its speed halfway: stage and control both double -> no drift
+    stage = [2.0] * 40 + [4.0] * 40
+    control = [1.0] * 41 + [2.0] * 40
+    slope, _ = relative_drift(stage, control)
+    assert abs(slope) < 1e-9

@@ -1,0 +1,100 @@
+"""Reduced-precision budgets derived from the mode's unit roundoff, not fitted to one machine.
+
+Why a rule: which ops round in a reduced-precision mode depends on the ISA path ncnn picks at
+run time. On x86 without AVX-512 FP16, ``use_fp16_storage`` only stores some weights in fp16
+(a graph can be bitwise fp32), while ARM (asimdhp) or AVX-512 FP16/BF16 paths cast the input of
+every layer that supports the mode (ncnn ``net.cpp``: ``cast_float32_to_float16/bfloat16``
+before ``forward``). A budget fitted to the path one machine happened to run fails on the next.
+
+The rule assumes the worst path: every storage point rounds to the mode's unit roundoff ``u``
+(bf16: 2^-8, fp16: 2^-11). First-order error analysis then makes the output error of a fixed
+computation proportional to ``u``; the factor is the model's error amplification ``kappa``,
+a property of the computation (depth, norms, softmax), not of the precision or the machine:
+
+    max_abs_rel    = margin * kappa_abs * u
+    1 - min_cosine = (margin * kappa_cos * u)^2 / 2      (cosine deficit of a relative rms error e is e^2/2)
+    max_abs_floor  = fp32 floor scaled by the same factor as max_abs_rel
+
+``kappa`` is measured once per model in the mode that rounds everywhere on every machine
+(bf16 storage: x86 casts every bf16-capable layer's input) as error / u, and stated with its
+numbers in the policy notes. fp16 arithmetic also accumulates in fp16: its ``u`` is multiplied
+by sqrt(accumulation length) (random-walk growth of a K-term fp16 sum). A derived budget is
+never tighter than the fp32 gate, whose own margin covers the measured fp32 noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ncnnport.contract import Tolerance
+
+# unit roundoff (half an ulp of 1.0) of each precision mode's storage format
+UNIT_ROUNDOFF: dict[str, float] = {
+    "fp32": 2.0 ** -24,
+    "fp16": 2.0 ** -11,
+    "fp16_weights": 2.0 ** -11,
+    "fp16_arithmetic": 2.0 ** -11,
+    "bf16": 2.0 ** -8,
+}
+
+
+@dataclass(frozen=True)
+class RoundoffRule:
+    """A model's error amplification and the margin its budgets keep above it."""
+
+    kappa_abs: float
+    kappa_cos: float
+    margin: float = 2.0
+    accumulation_length: int = 1  # longest reduction the model runs (fp16 arithmetic only)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], where: str) -> "RoundoffRule":
+        """Parse a policy's ``roundoff_rule`` block; ``where`` names the file in errors."""
+        missing = [k for k in ("kappa_abs", "kappa_cos") if k not in raw]
+        if missing:
+            raise ValueError(f"{where}: roundoff_rule needs {', '.join(missing)}")
+        rule = cls(kappa_abs=float(raw["kappa_abs"]), kappa_cos=float(raw["kappa_cos"]),
+                   margin=float(raw.get("margin", 2.0)),
+                   accumulation_length=int(raw.get("accumulation_length", 1)))
+        if rule.kappa_abs <= 0 or rule.kappa_cos <= 0 or rule.margin < 1 or rule.accumulation_length < 1:
+            raise ValueError(f"{where}: roundoff_rule needs kappa_abs, kappa_cos > 0, margin >= 1, "
+                             f"accumulation_length >= 1")
+        return rule
+
+    def override(self, raw: Mapping[str, Any] | None) -> "RoundoffRule":
+        """The same rule with a module's or stage's own measured amplification."""
+        if not raw:
+            return self
+        return RoundoffRule(kappa_abs=float(raw.get("kappa_abs", self.kappa_abs)),
+                            kappa_cos=float(raw.get("kappa_cos", self.kappa_cos)),
+                            margin=self.margin, accumulation_length=self.accumulation_length)
+
+
+def effective_roundoff(precision: str, accumulation_length: int = 1) -> float:
+    """The relative error one rounding step of ``precision`` adds (fp16 arithmetic: one K-term sum)."""
+    if precision not in UNIT_ROUNDOFF:
+        raise ValueError(f"precision mode {precision!r}: known modes are {', '.join(UNIT_ROUNDOFF)}")
+    u = UNIT_ROUNDOFF[precision]
+    return u * math.sqrt(accumulation_length) if precision == "fp16_arithmetic" else u
+
+
+def derive(rule: RoundoffRule, precision: str, fp32: Tolerance) -> Tolerance:
+    """The budget of ``precision`` under ``rule``, never tighter than the fp32 gate ``fp32``."""
+    u = effective_roundoff(precision, rule.accumulation_length)
+    rel = rule.margin * rule.kappa_abs * u
+    deficit = 0.5 * (rule.margin * rule.kappa_cos * u) ** 2
+    max_abs_rel = max(rel, fp32.max_abs_rel)
+    scale = max_abs_rel / fp32.max_abs_rel if fp32.max_abs_rel > 0 else 1.0
+    return Tolerance(min_cosine=min(1.0 - deficit, fp32.min_cosine), max_abs_rel=max_abs_rel,
+                     max_abs_floor=fp32.max_abs_floor * scale)
+
+
+def amplification(max_abs_rel: float, worst_row_cosine: float, precision: str) -> tuple[float, float]:
+    """(kappa_abs, kappa_cos) a measurement implies: the inverse of :func:`derive` without margin.
+
+    Used to state a policy's kappa from a sweep row (and by tests to check that a measured row
+    on another ISA path sits inside the budget)."""
+    u = UNIT_ROUNDOFF[precision]
+    return max_abs_rel / u, math.sqrt(max(0.0, 2.0 * (1.0 - worst_row_cosine))) / u

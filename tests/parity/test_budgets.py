@@ -1,0 +1,105 @@
+"""Reduced-precision budgets come from the unit roundoff rule and hold on a second ISA path."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ncnnport.contract import Tolerance
+from ncnnport.parity.budgets import UNIT_ROUNDOFF, RoundoffRule, amplification, derive
+from ncnnport.parity.metrics import TensorStats, judge
+from ncnnport.parity.policy import Policy
+from ncnnport.parity.sweep import sweep, variants
+
+ROOT = Path(__file__).resolve().parents[2]
+FP32 = Tolerance(min_cosine=0.999999, max_abs_rel=1e-4, max_abs_floor=1e-6)
+
+
+def stats(max_abs: float, ref_absmax: float, worst_row_cosine: float) -> TensorStats:
+    return TensorStats(cosine=worst_row_cosine, worst_row_cosine=worst_row_cosine, max_abs=max_abs,
+                       mean_abs=max_abs / 10, p99_abs=max_abs / 2, ref_absmax=ref_absmax, nan=0, inf=0, shape=(4, 8))
+
+
+def test_budget_scales_with_unit_roundoff_and_never_undercuts_fp32():
+    rule = RoundoffRule(kappa_abs=10, kappa_cos=10, margin=2)
+    bf16, fp16 = derive(rule, "bf16", FP32), derive(rule, "fp16", FP32)
+    assert bf16.max_abs_rel == pytest.approx(2 * 10 * 2.0 ** -8)
+    assert bf16.max_abs_rel / fp16.max_abs_rel == pytest.approx(8.0)           # u ratio 2^-8 / 2^-11
+    assert (1 - bf16.min_cosine) / (1 - fp16.min_cosine) == pytest.approx(64.0)  # deficit goes with u^2
+    tiny = derive(RoundoffRule(kappa_abs=1e-6, kappa_cos=1e-6), "fp16", FP32)
+    assert tiny.max_abs_rel == FP32.max_abs_rel and tiny.min_cosine == FP32.min_cosine
+
+
+def test_fp16_arithmetic_adds_accumulation_growth():
+    rule = RoundoffRule(kappa_abs=4, kappa_cos=4, accumulation_length=64)
+    assert derive(rule, "fp16_arithmetic", FP32).max_abs_rel == pytest.approx(8 * derive(rule, "fp16", FP32).max_abs_rel)
+
+
+def test_amplification_inverts_the_rule():
+    rule = RoundoffRule(kappa_abs=7, kappa_cos=9, margin=1)
+    tol = derive(rule, "bf16", FP32)
+    ka, kc = amplification(tol.max_abs_rel, tol.min_cosine, "bf16")
+    assert ka == pytest.approx(7) and kc == pytest.approx(9, rel=1e-6)
+
+
+# Rows measured on a second ISA path (x86 with AVX-512) that failed the budgets fitted on AVX2:
+# (model, module, precision, max_abs, ref_absmax, worst-row cosine)
+SECOND_ISA_ROWS = [
+    ("qwen3_asr", "prefill_layer0", "bf16", 4.54, 4.32 / 0.2, 0.978),   # first-divergence propagated row
+    ("seedvr2", "vae_decode_3", "fp16", 1e-4, 1.0, 0.999967),             # fp16 storage changed the VAE there
+]
+
+
+@pytest.mark.parametrize("model,module,precision,max_abs,ref_absmax,cos", SECOND_ISA_ROWS)
+def test_second_isa_path_rows_pass_the_derived_budgets(model, module, precision, max_abs, ref_absmax, cos):
+    policy = Policy.load(ROOT / "models" / model / "policy.json")
+    tol = policy.module(module, precision)["*"]
+    passed, reason = judge(stats(max_abs, ref_absmax, cos), tol)
+    assert passed, reason
+
+
+@pytest.mark.parametrize("model", ["qwen3_asr", "seedvr2", "youtu_vl"])
+def test_every_reduced_mode_is_derived_from_the_rule(model):
+    policy = Policy.load(ROOT / "models" / model / "policy.json")
+    rule = policy.rule
+    assert rule is not None
+    for precision in ("fp16", "bf16", "fp16_weights", "fp16_arithmetic"):
+        tol = policy.default(precision)
+        assert tol == derive(rule, precision, policy.default("fp32"))
+        assert tol.max_abs_rel >= policy.default("fp32").max_abs_rel
+
+
+def test_fp16_arithmetic_mode_reuses_fp16_absolute_stages():
+    policy = Policy.load(ROOT / "models" / "seedvr2" / "policy.json")
+    assert policy.stage("frames", "fp16_arithmetic") == policy.stage("frames", "fp16")
+    assert policy.stage("frames", "fp16").max_abs_floor == 2.0
+
+
+def test_policy_with_rule_refuses_a_relative_number(tmp_path):
+    bad = {"version": 1, "roundoff_rule": {"kappa_abs": 4, "kappa_cos": 4},
+           "precisions": {"fp32": {}, "bf16": {"stages": {"latent": {"max_abs_rel": 0.1}}}}}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"policy.json: precisions.bf16.stages.latent"):
+        Policy.load(path)
+    bad["roundoff_rule"] = {"kappa_abs": 4}
+    bad["precisions"]["bf16"] = {}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="roundoff_rule needs kappa_cos"):
+        Policy.load(path)
+
+
+def test_sweep_rows_carry_their_budget_and_the_machine():
+    policy = Policy.load(ROOT / "models" / "qwen3_asr" / "policy.json")
+
+    def run_variant(v):
+        row = {"name": "m", "output": "y", "max_abs": 1e-3, "ref_absmax": 1.0, "cosine": 0.9999, "passed": True}
+        return {"modules": [row], "e2e": [], "gates_passed": True}
+
+    result = sweep(run_variant, gpu=False, budget=policy.default)
+    assert len(result["variants"]) == len(variants(False))
+    bf16 = next(r for r in result["variants"] if r["precision_mode"] == "bf16")
+    assert bf16["budget"]["max_abs_rel"] == pytest.approx(2 * 56 * UNIT_ROUNDOFF["bf16"])
+    assert result["machine"]["cpu_model"] and "ncnn" in result["machine"]
+    assert math.isclose(bf16["worst_rel_max_abs"], 1e-3)
