@@ -211,7 +211,7 @@ def test_encoder_and_decode_interleaved_stay_identical_flat_and_bounded(built):
     res = interleave(calls, rounds=100, warmup=3)
     for name, r in res.items():
         assert r.identical_outputs, (name, r.mismatched_calls[:5])
-        assert r.drift_within(2.0), (name, r.drift_pct_per_100, r.drift_ci_pct_per_100)
+        assert r.relative_drift_within(2.0), (name, r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
         assert r.rss_growth_mb < 16, (name, r.rss_growth_mb)
 
 
