@@ -199,8 +199,10 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
 
 
 def test_encoder_and_decode_interleaved_stay_identical_flat_and_bounded(built):
-    """Issue 6: 100 rounds of audio-encoder calls alternating with decode steps, each on its own
-    sessions: outputs bit-identical to the isolated calls, no upward drift, bounded RSS."""
+    """100 rounds of audio-encoder calls alternating with decode steps, each on its own sessions:
+    outputs bit-identical to the isolated calls and bounded RSS. Latency drift is a timing
+    judgement, so it is gated by the nightly stability bench (``ncnnport nightly``), not here:
+    the gate itself is tested with load and slowdown doubles in tests/runtime/test_bench.py."""
     from ncnnport.runtime.bench import interleave
     from ncnnport.stages import open_ncnn_modules
 
@@ -211,7 +213,6 @@ def test_encoder_and_decode_interleaved_stay_identical_flat_and_bounded(built):
     res = interleave(calls, rounds=100, warmup=3)
     for name, r in res.items():
         assert r.identical_outputs, (name, r.mismatched_calls[:5])
-        assert r.relative_drift_within(2.0), (name, r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
         assert r.rss_growth_mb < 16, (name, r.rss_growth_mb)
 
 
