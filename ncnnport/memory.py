@@ -1,8 +1,10 @@
 """Process memory: peak RSS of this process (resettable per stage) and of child processes.
 
-Linux only for the per-stage numbers: ``VmHWM`` in ``/proc/self/status`` is the peak resident set;
-writing ``5`` to ``/proc/self/clear_refs`` resets it, so each stage can report its own peak.
-Elsewhere ``resource.getrusage`` gives the lifetime peak.
+Current RSS comes from psutil on every platform. psutil has no peak (high-water mark) on Linux
+or macOS, so the peak is read where the platform keeps one: Linux ``VmHWM`` in
+``/proc/<pid>/status``, which writing ``5`` to ``/proc/self/clear_refs`` resets to the current
+RSS (so each stage reports its own peak); Windows ``peak_wset`` through psutil; elsewhere the
+lifetime peak from ``resource.getrusage``.
 """
 
 from __future__ import annotations
@@ -10,35 +12,50 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import resource
 import sys
 from pathlib import Path
 
-_STATUS = Path("/proc/self/status")
+import psutil
 
 
-def _status_kb(field: str) -> int | None:
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size now of this process (or ``pid``); 0 when it is gone or unreadable."""
     try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):
+        return 0
+
+
+def _vm_hwm_bytes(pid: int | str = "self") -> int | None:
+    """Linux's resettable peak RSS (``VmHWM``); None where /proc does not give it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         return None
     return None
 
 
-def rss_bytes() -> int:
-    kb = _status_kb("VmRSS")
-    return (kb or 0) * 1024
+def _rusage_peak_bytes(children: bool = False) -> int:
+    """Lifetime peak RSS from getrusage (kB on Linux, bytes on macOS); 0 without ``resource``."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set of this process since start or the last :func:`reset_peak_rss`."""
-    kb = _status_kb("VmHWM")
-    if kb is not None:
-        return kb * 1024
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    hwm = _vm_hwm_bytes()
+    if hwm is not None:
+        return hwm
+    peak_wset = getattr(psutil.Process().memory_info(), "peak_wset", None)  # Windows only
+    if peak_wset is not None:
+        return int(peak_wset)
+    return _rusage_peak_bytes()
 
 
 def reset_peak_rss() -> bool:
@@ -53,8 +70,7 @@ def reset_peak_rss() -> bool:
 
 def children_peak_rss_bytes() -> int:
     """Largest peak RSS of any waited-for child process so far (lifetime, not resettable)."""
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    return _rusage_peak_bytes(children=True)
 
 
 def release_memory() -> None:
@@ -74,14 +90,10 @@ def mb(n: int) -> float:
 
 
 def child_peak_rss_bytes(pid: int) -> int:
-    """VmHWM of a running process (0 when it is gone or the platform has no /proc)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+    """Peak RSS so far of a running process: Linux VmHWM, elsewhere its RSS now (a caller that
+    samples every few ms keeps the maximum); 0 when it is gone."""
+    hwm = _vm_hwm_bytes(pid)
+    return hwm if hwm is not None else rss_bytes(pid)
 
 
 class PhaseMemory:

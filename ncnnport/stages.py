@@ -205,32 +205,76 @@ def remove_package(pkg: Path) -> None:
 
 
 class Progress:
-    """One stderr line per finished module: elapsed time and an ETA.
+    """Progress of a per-module stage: elapsed time and an ETA after every finished module.
 
+    On a terminal it is a rich progress bar (modules done, elapsed, ETA) with each module's line
+    printed above it; elsewhere (CI logs, pipes) one plain stderr line per module, as before.
     The ETA weighs each remaining module by its weight bytes plus a fixed start-up cost (pnnx
     start-up and tracing dominate small modules, weight I/O large ones) and scales by the time
-    the modules finished in THIS run took (resumed modules cost nothing and count for nothing).
+    the modules finished in THIS run took (resumed modules cost nothing and count for nothing);
+    rich's own rate estimate would count modules, not bytes. Use as a context manager so the
+    bar is closed when the stage ends or fails.
     """
 
     OVERHEAD_BYTES = 32 << 20
 
-    def __init__(self, model: str, stage: str, names: Sequence[str], weight_bytes: dict[str, int]) -> None:
+    def __init__(self, model: str, stage: str, names: Sequence[str], weight_bytes: dict[str, int],
+                 console: Any = None) -> None:
         self.model, self.stage, self.names = model, stage, list(names)
         self.cost = {n: weight_bytes.get(n, 0) + self.OVERHEAD_BYTES for n in self.names}
         self.t0 = time.perf_counter()
         self.done_cost = 0
         self.remaining = sum(self.cost.values())
+        self._console = console
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> "Progress":
+        from rich.console import Console
+
+        console = self._console or Console(stderr=True)
+        if console.is_terminal:
+            self._bar = _rich_bar(console)
+            self._task = self._bar.add_task(f"{self.model}: {self.stage}", total=len(self.names), eta="-")
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def eta_seconds(self) -> float:
+        """Seconds left: this run's time per unit of cost times the cost still to do."""
+        elapsed = time.perf_counter() - self.t0
+        return elapsed * self.remaining / self.done_cost if self.done_cost else 0.0
 
     def skip(self, name: str) -> None:
         self.remaining -= self.cost[name]
+        if self._bar is not None:
+            self._bar.advance(self._task)
 
     def finish(self, index: int, name: str, seconds: float, extra: str = "") -> None:
         self.done_cost += self.cost[name]
         self.remaining -= self.cost[name]
-        elapsed = time.perf_counter() - self.t0
-        eta = elapsed * self.remaining / self.done_cost if self.done_cost else 0.0
-        log(f"{self.model}: {self.stage} [{index}/{len(self.names)}] {name} {seconds:.1f} s{extra} "
-            f"(elapsed {_hms(elapsed)}, ETA {_hms(eta)})")
+        elapsed, eta = time.perf_counter() - self.t0, self.eta_seconds()
+        line = (f"{self.model}: {self.stage} [{index}/{len(self.names)}] {name} {seconds:.1f} s{extra} "
+                f"(elapsed {_hms(elapsed)}, ETA {_hms(eta)})")
+        if self._bar is None:
+            log(line)
+            return
+        self._bar.console.print(f"[ncnnport] {line}", markup=False, highlight=False)
+        self._bar.update(self._task, completed=index, eta=_hms(eta))
+
+
+def _rich_bar(console: Any) -> Any:
+    """A rich progress bar: description, bar, modules done, elapsed, the byte-weighted ETA."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
+
+    return RichProgress(TextColumn("[ncnnport] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+                        console=console, transient=False)
 
 
 def _hms(seconds: float) -> str:
@@ -291,26 +335,26 @@ def _export_locked(prep: Prepared, force: bool) -> list[dict[str, Any]]:
         log(f"{t.model}: export resumes: {len(done)}/{len(prep.specs)} modules already done")
     t.torchscript_dir.mkdir(parents=True, exist_ok=True)
     sizes = _weight_bytes(prep)
-    progress = Progress(t.model, "export", [s.name for s in prep.specs], sizes)
     records = []
     t0 = time.perf_counter()
     release_memory()
     baseline = mb(rss_bytes())
     reset_peak_rss()
-    for i, spec in enumerate(prep.specs, 1):
-        if spec.name in done:
-            progress.skip(spec.name)
-            records.append(read_json(t.torchscript_dir / f"{spec.name}.spec.json"))
-            continue
-        m0 = time.perf_counter()
-        reset_peak_rss()
-        records.append(export_module(spec, t.torchscript_dir))
-        peak = peak_rss_bytes()
-        release_memory()
-        done[spec.name] = {"seconds": round(time.perf_counter() - m0, 2), "peak_rss_mb": mb(peak),
-                           "weight_bytes": sizes.get(spec.name)}
-        write_json(progress_file, {"key": prep.build_key, "done": done, "baseline_rss_mb": baseline})
-        progress.finish(i, spec.name, time.perf_counter() - m0, f", peak RSS {mb(peak):.0f} MB")
+    with Progress(t.model, "export", [s.name for s in prep.specs], sizes) as progress:
+        for i, spec in enumerate(prep.specs, 1):
+            if spec.name in done:
+                progress.skip(spec.name)
+                records.append(read_json(t.torchscript_dir / f"{spec.name}.spec.json"))
+                continue
+            m0 = time.perf_counter()
+            reset_peak_rss()
+            records.append(export_module(spec, t.torchscript_dir))
+            peak = peak_rss_bytes()
+            release_memory()
+            done[spec.name] = {"seconds": round(time.perf_counter() - m0, 2), "peak_rss_mb": mb(peak),
+                               "weight_bytes": sizes.get(spec.name)}
+            write_json(progress_file, {"key": prep.build_key, "done": done, "baseline_rss_mb": baseline})
+            progress.finish(i, spec.name, time.perf_counter() - m0, f", peak RSS {mb(peak):.0f} MB")
     prep.timings["export_s"] = time.perf_counter() - t0
     state = {k: v for k, v in _state(t).items() if k not in ("converted", "converted_fp16w")}
     write_json(t.state_file, state)  # conversions of older exports are stale
@@ -444,39 +488,39 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
     if not keep_traces:
         log(f"{t.model}: streaming export+convert ({sum(sizes.values()) / 2**30:.1f} GiB of weights): each "
             "module is traced, converted and its trace deleted before the next")
-    progress = Progress(t.model, "convert", names, sizes)
     t0 = time.perf_counter()
     release_memory()
     baseline = resume.get("baseline_rss_mb") or mb(rss_bytes())
-    for i, spec in enumerate(prep.specs, 1):
-        name = spec.name
-        if name in done:
-            progress.skip(name)
-            continue
-        m0 = time.perf_counter()
-        reset_peak_rss()
-        export_peak = None
-        if records is not None:
-            rec = records[i - 1]
-        else:  # trace this module now; its export peak is measured on its own
-            t.torchscript_dir.mkdir(parents=True, exist_ok=True)
-            rec = export_module(spec, t.torchscript_dir)
-            export_peak = mb(peak_rss_bytes())
-            release_memory()
+    with Progress(t.model, "convert", names, sizes) as progress:
+        for i, spec in enumerate(prep.specs, 1):
+            name = spec.name
+            if name in done:
+                progress.skip(name)
+                continue
+            m0 = time.perf_counter()
             reset_peak_rss()
-        receipt = convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
-                                 fp16_weights=fp16_weights)
-        write_json(tmp / "specs" / f"{name}.spec.json", rec)
-        if records is None:
-            (t.torchscript_dir / rec["torchscript"]).unlink(missing_ok=True)
-            receipt["export_peak_rss_mb"] = export_peak
-        receipt["peak_rss_mb"] = mb(peak_rss_bytes())
-        receipt["weight_bytes"] = sizes.get(name)
-        receipt["sha256"] = _receipt_hashes(tmp, name, receipt)
-        done[name] = receipt
-        write_json(progress_file, {"key": key, "done": done, "baseline_rss_mb": baseline})
-        progress.finish(i, name, time.perf_counter() - m0,
-                        f", peak RSS {receipt['peak_rss_mb']:.0f} MB (pnnx {receipt['pnnx_peak_rss_mb']:.0f} MB)")
+            export_peak = None
+            if records is not None:
+                rec = records[i - 1]
+            else:  # trace this module now; its export peak is measured on its own
+                t.torchscript_dir.mkdir(parents=True, exist_ok=True)
+                rec = export_module(spec, t.torchscript_dir)
+                export_peak = mb(peak_rss_bytes())
+                release_memory()
+                reset_peak_rss()
+            receipt = convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
+                                     fp16_weights=fp16_weights)
+            write_json(tmp / "specs" / f"{name}.spec.json", rec)
+            if records is None:
+                (t.torchscript_dir / rec["torchscript"]).unlink(missing_ok=True)
+                receipt["export_peak_rss_mb"] = export_peak
+            receipt["peak_rss_mb"] = mb(peak_rss_bytes())
+            receipt["weight_bytes"] = sizes.get(name)
+            receipt["sha256"] = _receipt_hashes(tmp, name, receipt)
+            done[name] = receipt
+            write_json(progress_file, {"key": key, "done": done, "baseline_rss_mb": baseline})
+            progress.finish(i, name, time.perf_counter() - m0,
+                            f", peak RSS {receipt['peak_rss_mb']:.0f} MB (pnnx {receipt['pnnx_peak_rss_mb']:.0f} MB)")
     prep.timings["convert_s"] = time.perf_counter() - t0
     receipts = [{k: v for k, v in done[n].items() if k != "sha256"} for n in names]
     if records is not None:

@@ -1,69 +1,75 @@
-"""Tiny dependency-free SVG charts for the self-contained HTML report."""
+"""Line charts for the self-contained HTML report, drawn by matplotlib and inlined as SVG.
+
+matplotlib is imported lazily here (report rendering only): the runtime path never pays for it.
+Charts are reproducible byte for byte: no pyplot (no GUI backend, no global figure state; the
+headless Agg canvas), ``svg.hashsalt`` fixed per chart title for the element ids, no creation date in the
+metadata, and text kept as ``<text>`` elements (searchable, escaped by matplotlib's XML writer).
+"""
 
 from __future__ import annotations
 
+import io
 import math
-from html import escape
 from typing import Sequence
 
-W, H, PAD_L, PAD_B, PAD_T, PAD_R = 760, 260, 70, 90, 20, 20
+WIDTH_IN, HEIGHT_IN = 7.6, 2.9
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+MAX_X_LABELS = 40
+LABEL_CHARS = 28
+SVG_RC = {"svg.fonttype": "none", "font.size": 8}
 
 
-def _y_scale(values: Sequence[float], log: bool):
-    finite = [v for v in values if v is not None and math.isfinite(v) and (v > 0 or not log)]
-    if not finite:
-        return (lambda v: PAD_T), [], 0, 1
-    lo, hi = min(finite), max(finite)
-    if log:
-        lo, hi = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-        hi = hi if hi > lo else lo + 1
-        ticks = [10.0 ** e for e in range(int(lo), int(hi) + 1)]
-        f = lambda v: PAD_T + (H - PAD_T - PAD_B) * (1 - (math.log10(max(v, 10 ** lo)) - lo) / (hi - lo))  # noqa: E731
-    else:
-        if hi == lo:
-            hi = lo + 1e-9
-        ticks = [lo + (hi - lo) * i / 4 for i in range(5)]
-        f = lambda v: PAD_T + (H - PAD_T - PAD_B) * (1 - (v - lo) / (hi - lo))  # noqa: E731
-    return f, ticks, lo, hi
+def _plottable(values: Sequence[float | None], log: bool) -> list[float]:
+    """The series with gaps (NaN) where a value is missing, infinite, or not positive on a log axis."""
+    return [v if v is not None and math.isfinite(v) and (v > 0 or not log) else math.nan for v in values]
 
 
-def line_chart(title: str, labels: Sequence[str], series: dict[str, Sequence[float | None]], *,
+def _x_labels(labels: Sequence[object]) -> tuple[list[int], list[str]]:
+    """Tick positions and texts: at most ``MAX_X_LABELS`` ticks, each text cut to ``LABEL_CHARS``."""
+    step = max(1, len(labels) // MAX_X_LABELS)
+    ticks = list(range(0, len(labels), step))
+    return ticks, [str(labels[i])[:LABEL_CHARS] for i in ticks]
+
+
+def _svg_text(fig: object, salt: str) -> str:
+    """The figure as an inline ``<svg>`` element without the XML prolog. Ids are hashed with
+    ``salt`` (not a random one), so the SVG is reproducible, and a per-chart salt keeps ids
+    unique among the several charts inlined in one page."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({**SVG_RC, "svg.hashsalt": f"ncnnport:{salt}"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def line_chart(title: str, labels: Sequence[object], series: dict[str, Sequence[float | None]], *,
                log: bool = False, threshold: float | None = None, y_label: str = "") -> str:
-    """Points joined by lines, one colour per series; x labels rotated; optional gate line."""
-    n = max(1, len(labels))
-    xs = [PAD_L + (W - PAD_L - PAD_R) * (i + 0.5) / n for i in range(n)]
-    allv = [v for s in series.values() for v in s if v is not None] + ([threshold] if threshold else [])
-    fy, ticks, _, _ = _y_scale(allv, log)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
-             f'aria-label="{escape(title)}"><title>{escape(title)}</title>',
-             f'<rect x="{PAD_L}" y="{PAD_T}" width="{W - PAD_L - PAD_R}" height="{H - PAD_T - PAD_B}" '
-             'fill="#fafafa" stroke="#ccc"/>']
-    for t in ticks:
-        y = fy(t)
-        parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{PAD_L - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{t:.3g}</text>')
+    """Points joined by lines, one colour per series, rotated x labels and an optional dashed gate
+    line; returned as SVG markup for inlining in the HTML report."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise RuntimeError("matplotlib is not installed; the HTML report's plots need it: "
+                           "pip install 'ncnnport[report]'") from exc
+
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = list(range(len(labels)))
+    for k, (name, values) in enumerate(series.items()):
+        ax.plot(xs, _plottable(values, log), marker="o", markersize=3, linewidth=1.2,
+                color=COLORS[k % len(COLORS)], label=name)
     if threshold is not None and threshold > 0:
-        y = fy(threshold)
-        parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" '
-                     'stroke-dasharray="4 3"/><text x="' + f'{W - PAD_R - 2}" y="{y - 3:.1f}" font-size="10" '
-                     'text-anchor="end" fill="#d62728">gate</text>')
-    step = max(1, n // 40)
-    for i, (x, lab) in enumerate(zip(xs, labels)):
-        if i % step == 0:
-            parts.append(f'<text transform="translate({x:.1f},{H - PAD_B + 10}) rotate(60)" font-size="9">'
-                         f'{escape(str(lab))[:28]}</text>')
-    for k, (name, vals) in enumerate(series.items()):
-        c = COLORS[k % len(COLORS)]
-        pts = [(x, fy(v)) for x, v in zip(xs, vals) if v is not None and math.isfinite(v) and (v > 0 or not log)]
-        if len(pts) > 1:
-            parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="' +
-                         " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
-        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{c}"/>' for x, y in pts]
-        parts.append(f'<text x="{PAD_L + 8 + 150 * k}" y="{PAD_T + 12}" font-size="11" fill="{c}">'
-                     f'{escape(name)}</text>')
-    if y_label:
-        parts.append(f'<text transform="translate(14,{(H - PAD_B + PAD_T) / 2:.0f}) rotate(-90)" '
-                     f'font-size="11" text-anchor="middle">{escape(y_label)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        ax.axhline(threshold, color="#d62728", linestyle="--", linewidth=1, label="gate")
+    if log:
+        ax.set_yscale("log")
+    ticks, texts = _x_labels(labels)
+    ax.set_xticks(ticks, texts, rotation=60, ha="right", fontsize=7)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(y_label)
+    ax.grid(True, color="#e5e5e5", linewidth=0.6)
+    ax.legend(loc="best", fontsize=7, frameon=False)
+    return _svg_text(fig, title)

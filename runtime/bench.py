@@ -8,46 +8,45 @@ model stage (encoder, decode step, DiT block) and a user's own port.
 from __future__ import annotations
 
 import gc
-import math
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import psutil
 
 Call = Callable[[], Sequence[np.ndarray]]
 
 
 def rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    """Resident set size of this process (psutil; 0 where the platform does not report it)."""
     try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
         return 0
 
 
 def robust_slope(ys: Sequence[float]) -> tuple[float, float]:
-    """Theil-Sen slope of ys vs call index and the half-width of its ~95% rank interval.
+    """Theil-Sen slope of ys vs call index and the half-width of its 95% confidence interval.
 
     A median of pairwise slopes, not least squares: one 4 ms scheduler hiccup on a shared
-    2-core machine must not read as a trend, while a steady slowdown still does.
+    2-core machine must not read as a trend, while a steady slowdown still does. The interval
+    is Sen's (1968) rank interval as ``scipy.stats.theilslopes`` computes it (ties among the
+    values shrink the rank variance); the half-width is the wider side, so the drift gates'
+    "lower bound of the 95% interval" stays conservative for a skewed interval.
     """
     n = len(ys)
     if n < 3:
         return 0.0, float("inf")
-    y = np.asarray(ys, dtype=np.float64)
-    i, j = np.triu_indices(n, k=1)
-    slopes = np.sort((y[j] - y[i]) / (j - i))
-    m = slopes.size
-    c = 1.96 * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
-    lo = int(max(0, math.floor((m - c) / 2)))
-    hi = int(min(m - 1, math.ceil((m + c) / 2)))
-    slope = float(np.median(slopes))
-    return slope, float(max(slope - slopes[lo], slopes[hi] - slope))
+    try:  # lazy: scipy serves benches and reports, never the runtime path
+        from scipy.stats import theilslopes
+    except ImportError as exc:
+        raise RuntimeError("scipy is not installed; the bench drift gates need it: "
+                           "pip install 'ncnnport[bench]'") from exc
+    res = theilslopes(np.asarray(ys, dtype=np.float64), alpha=0.95)
+    slope = float(res.slope)
+    return slope, float(max(slope - res.low_slope, res.high_slope - slope))
 
 
 def fingerprint(outputs: Sequence[np.ndarray]) -> bytes:

@@ -114,3 +114,44 @@ def test_compare_reads_a_folder_as_its_summary(tmp_path, capsys):
     assert main(["report", "qwen3-asr", "--build-dir", str(tmp_path),
                  "--compare", str(tmp_path / "reports" / "old")]) == 1
     assert "cosine 1.000000000 -> 0.999000000" in capsys.readouterr().out
+
+
+def test_html_plots_are_matplotlib_svg_inline_and_reproducible():
+    s = summary()
+    page = html.render(s)
+    charts = page.count("<svg")
+    assert charts == 3 and page.count("Matplotlib") >= charts       # drawn by matplotlib, inline
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page      # no prolog inside HTML
+    assert ">decode_layer0<" in page.split("<svg", 1)[1]            # labels are text in the SVG
+    assert html.render(s) == page                                   # byte-reproducible report
+
+
+def test_html_escapes_untrusted_names_in_tables_and_plots():
+    s = summary()
+    s["modules"][0]["name"] = "<script>alert(1)</script>"
+    s["e2e"][0]["fixture"] = "clip\"><img src=x onerror=alert(1)>.wav"
+    page = html.render(s)
+    assert "<script" not in page and "<img" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2  # the table and the plot's label
+
+
+def test_report_template_is_package_data():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    rel = "templates/" + html.TEMPLATE
+    assert (root / "reports" / rel).is_file()
+    assert any(fnmatch.fnmatch(rel, p) for p in patterns.get("ncnnport.reports", []))
+
+
+def test_runtime_and_report_imports_load_neither_matplotlib_nor_scipy():
+    import subprocess
+    import sys
+
+    code = ("import sys, ncnnport.cli, ncnnport.stages, ncnnport.runtime.session, ncnnport.runtime.bench, "
+            "ncnnport.reports.html\nprint(sorted(m for m in ('matplotlib', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
