@@ -34,6 +34,14 @@ def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
                         "(0: fail at once naming its pid; default: wait)")
 
 
+def _precision_option(p: argparse.ArgumentParser) -> None:
+    """``--precision``: the one vocabulary (runtime.precision) of run, parity and bench."""
+    from ncnnport.runtime.precision import NAMES, PRECISIONS
+    p.add_argument("--precision", choices=NAMES, default="fp32",
+                   help="numeric setting, judged by the policy mode of the same name: "
+                        + "; ".join(f"{n}: {PRECISIONS[n].why}" for n in NAMES))
+
+
 def say(text: str, stream: Any = None) -> None:
     """Print ``text`` whatever its characters: a non-UTF-8 file name (surrogate-escaped by
     Python) is shown with its raw bytes escaped instead of raising UnicodeEncodeError."""
@@ -93,6 +101,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
     from ncnnport.stages import convert_stage, prepare
     ok = True
     targets = _targets(args)
+    if args.stream and args.precision != "fp32":
+        raise ValueError(f"--stream runs fp32 only (one module of each side resident); got --precision {args.precision}")
     for t in targets:  # user files are checked before any model is built
         get_port(t.model).validate_inputs(args.input or [])
     for t in targets:
@@ -103,7 +113,8 @@ def cmd_parity(args: argparse.Namespace) -> int:
                 from ncnnport.parity.run import run_streamed_parity
                 summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
             else:
-                summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
+                summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep,
+                                      precision=args.precision)
         if args.sweep:
             from ncnnport.parity.sweep import sweep_table
             print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
@@ -279,11 +290,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     note = seeded_note(t)
     if note:
         say(note, sys.stderr)
+    from ncnnport.runtime import precision
+    from ncnnport.runtime.options import RuntimeOptions
+    setting = precision.get(args.precision)
     with _locked(t, args):
         prep = prepare(t)
-        pkg = convert_stage(prep, force=args.force)
-    from ncnnport.runtime.options import RuntimeOptions
-    options = RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory)
+        pkg = convert_stage(prep, force=args.force, fp16_weights=setting.fp16_weights)
+    options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
     if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
         from ncnnport.runtime.lazy_modules import LazyModules
         modules = LazyModules(pkg, options=options)
@@ -321,6 +334,7 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true",
                    help="full-depth parity holding one module of each side at a time (models too large "
                         "for the reference and the package in memory together)")
+    _precision_option(p)
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)
     p.add_argument("--stage", default=None, help="bench stage or comma list (default: every stage of the model)")
@@ -356,6 +370,7 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--low-memory", action="store_true",
                    help="graphs marked release_after_call (e.g. the SeedVR2 VAE) return their activation "
                         "memory after each call: peak = the largest such graph, not their sum; slower")
+    _precision_option(p)
     if run_model is not None:
         get_port(run_model).add_run_arguments(p.add_argument_group(f"{run_model} options"))
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")

@@ -18,14 +18,20 @@ MAX_DRIFT_PCT_PER_100 = 2.0
 MAX_RSS_GROWTH_MB = 16.0
 
 
-def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), sweep_options: bool = True) -> dict:
-    """fp32 parity plus, optionally, the option sweep (each variant judged by its own budget)."""
+def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), sweep_options: bool = True,
+                precision: str = "fp32") -> dict:
+    """Parity under ``precision`` (runtime.precision; judged by its policy mode) plus, optionally,
+    the option sweep (each variant judged by its own budget)."""
     from ncnnport.parity.run import run_parity
     from ncnnport.parity.sweep import sweep
+    from ncnnport.runtime import precision as precisions
     from ncnnport.runtime.bench_cli import vulkan_available
     from ncnnport.stages import convert_stage
 
-    summary = run_parity(prep, package, user_inputs=user_inputs)
+    setting = precisions.get(precision)
+    main_pkg = convert_stage(prep, fp16_weights=True) if setting.fp16_weights else package
+    summary = run_parity(prep, main_pkg, user_inputs=user_inputs, options=setting.options(),
+                         precision=setting.mode)
     if sweep_options:
         def run_variant(v):
             vpkg = convert_stage(prep, fp16_weights=True) if v.fp16_weights else package

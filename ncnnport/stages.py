@@ -51,7 +51,10 @@ class Prepared:
         raise KeyError(name)
 
 
-def prepare(target: Target, precision: str = "fp32") -> Prepared:
+def prepare(target: Target) -> Prepared:
+    """Load the target's model and split it. Each spec records its fp32 gates (part of the build
+    key); a reduced precision is judged by ``Policy.module(name, mode)`` at parity time, so the
+    package does not change with the precision it is run in."""
     port = get_port(target.model)
     if target.ckpt is None and target.preset not in port.presets:
         raise ValueError(f"model {target.model}: unknown preset {target.preset!r}; "
@@ -70,7 +73,7 @@ def prepare(target: Target, precision: str = "fp32") -> Prepared:
     specs = port.module_specs(loaded)
     for s in specs:
         if not s.tolerances:
-            s.tolerances = policy.module(s.name, precision)
+            s.tolerances = policy.module(s.name, "fp32")
     config_hash = sha256_json(loaded.config)
     key = sha256_json({
         "config": config_hash, "code": code_hash(target.model), "ckpt": checkpoint_fingerprint(target.ckpt),

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ncnnport.contract import Tolerance
 from ncnnport.runtime.machine import describe, machine_record
+from ncnnport.runtime import precision
 from ncnnport.runtime.options import RuntimeOptions
 
 
@@ -22,25 +23,23 @@ class Variant:
     options: RuntimeOptions
     precision: str            # the policy's precision mode that judges it
     fp16_weights: bool = False
+    setting: str = "fp32"     # the ``--precision`` name (runtime.precision) this row runs
+
+
+def _variant(setting: str, base: RuntimeOptions = RuntimeOptions(), label: str | None = None) -> Variant:
+    """The sweep row of one ``--precision`` name, so a row means what the CLI option means."""
+    p = precision.get(setting)
+    return Variant(label or p.name, p.options(base), p.mode, p.fp16_weights, p.name)
 
 
 def variants(gpu: bool) -> list[Variant]:
     base = RuntimeOptions()
-    out = [
-        Variant("fp32 threads=1", base, "fp32"),
-        Variant("fp32 threads=2", base.with_(num_threads=2), "fp32"),
-        Variant("fp16 storage", base.with_(fp16_storage=True), "fp16"),
-        Variant("fp16 storage+packed", base.with_(fp16_storage=True, fp16_packed=True), "fp16"),
-        Variant("fp16 storage+packed+arithmetic",
-                base.with_(fp16_storage=True, fp16_packed=True, fp16_arithmetic=True), "fp16_arithmetic"),
-        Variant("bf16 storage", base.with_(bf16_storage=True), "bf16"),
-        Variant("pnnx fp16 weights", base, "fp16_weights", fp16_weights=True),
-    ]
+    out = [_variant("fp32", base, "fp32 threads=1"), _variant("fp32", base.with_(num_threads=2), "fp32 threads=2")]
+    out += [_variant(name, base) for name in precision.NAMES if name != "fp32"]
     if gpu:
-        out.insert(2, Variant("vulkan fp32", base.with_(use_vulkan=True), "fp32"))
-        out.append(Variant("vulkan default fp16", base.with_(use_vulkan=True, fp16_storage=True,
-                                                               fp16_packed=True, fp16_arithmetic=True),
-                           "fp16_arithmetic"))
+        gpu_base = base.with_(use_vulkan=True)
+        out.insert(2, _variant("fp32", gpu_base, "vulkan fp32"))
+        out.append(_variant("fp16-arithmetic", gpu_base, "vulkan fp16-arithmetic"))
     return out
 
 

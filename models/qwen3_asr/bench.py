@@ -190,3 +190,13 @@ def torch_token_call(model: Any, past: int) -> Callable[[], list[np.ndarray]]:
         cache.crop(-1)
         return [logits.numpy()]
     return call
+
+
+def torch_call(model: Any, stage: str, size: str) -> Callable[[], list[np.ndarray]] | None:
+    """transformers eager in float32 (also for the ``*_fp16`` stages: the ratio is vs torch fp32)."""
+    stage = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
+    if stage == "decode":
+        return torch_decode_call(model, int(size))
+    if stage == "token":
+        return torch_token_call(model, int(size))
+    return None

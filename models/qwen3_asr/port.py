@@ -29,42 +29,46 @@ import numpy as np
 from ncnnport.parity.local import recorded_parity
 from ncnnport.parity.records import noise_relative_tolerance, stage_record, token_record
 from ncnnport.parity.tokens import teacher_forced_stats
-from ncnnport.registry import E2EContext, LoadedModel, ModelPort
+from ncnnport.models.kit import KitPort, LayerStack
+from ncnnport.registry import E2EContext, LoadedModel
 from ncnnport.runtime.recording import RecordingRunner
 
 
-class Qwen3ASRPort(ModelPort):
+class Qwen3ASRPort(KitPort):
+    """A :class:`~.lazy.LazyQwen3ASR`: weights are read (checkpoint) or generated (seeded ``real``
+    preset) one module at a time; the full HF model is built only when e2e parity, the torch
+    bench or the run verb ask for it. ``layers=K`` keeps the first K text and audio layers."""
+
     name = "qwen3-asr"
     presets = ("tiny", "real")
-    supports_layers = True
+    layer_stacks = (LayerStack("text_config.num_hidden_layers", "text layers", ("text_config.layer_types",)),
+                    LayerStack("audio_config.encoder_layers", "audio layers"))
 
-    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
-        """A :class:`~.lazy.LazyQwen3ASR`: weights are read (checkpoint) or generated (seeded
-        ``real`` preset) one module at a time; the full HF model is built only when e2e parity,
-        the torch bench or the run verb ask for it. ``layers=K`` keeps the first K text and audio
-        layers."""
+    def config_folder(self, preset: str, ckpt: Path | None) -> Path:
+        from ncnnport.models.qwen3_asr.presets import preset_folder
+        return Path(ckpt) if ckpt is not None else preset_folder(preset)
+
+    def read_config(self, folder: Path, preset: str) -> Any:
+        from ncnnport.models.qwen3_asr.checkpoint import load_config
+        return load_config(folder)
+
+    def seeded(self, config: Any, seed: int) -> Any:
         from ncnnport.models.qwen3_asr import lazy
-        from ncnnport.models.qwen3_asr.checkpoint import load_config, load_processor
-        from ncnnport.models.qwen3_asr.presets import REAL_SEED, preset_folder, truncated_config
+        return lazy.seeded(config, seed)
 
-        folder = Path(ckpt) if ckpt is not None else preset_folder(preset)
-        config = truncated_config(load_config(folder), layers)
-        if ckpt is None and preset == "real":
-            model = lazy.seeded(config, REAL_SEED)
-        else:
-            model = lazy.from_folder(folder, config, truncated=layers is not None)
-        processor = load_processor(folder)
-        return LoadedModel(self.name, preset, ckpt, config=model.config.to_dict(), reference=model,
-                           assets={"processor": folder},
-                           extra={"processor": processor, "layers": layers})
+    def from_folder(self, folder: Path, config: Any, truncated: bool) -> Any:
+        from ncnnport.models.qwen3_asr import lazy
+        return lazy.from_folder(folder, config, truncated=truncated)
 
-    def module_specs(self, loaded: LoadedModel):
-        from ncnnport.models.qwen3_asr.specs import module_specs
-        return module_specs(loaded.reference)
+    def config_json(self, reference: Any) -> dict[str, Any]:
+        return reference.config.to_dict()
 
-    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
-        from ncnnport.models.qwen3_asr.specs import module_weight_bytes
-        return module_weight_bytes(loaded.reference)
+    def assets(self, folder: Path) -> dict[str, Path]:
+        return {"processor": folder}
+
+    def extra(self, folder: Path, reference: Any) -> dict[str, Any]:
+        from ncnnport.models.qwen3_asr.checkpoint import load_processor
+        return {"processor": load_processor(folder)}
 
     # --- parity ------------------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
@@ -274,33 +278,6 @@ class Qwen3ASRPort(ModelPort):
             t = transcribe(model, loaded.extra["processor"], wave, max_new_tokens=n_tokens)
             out[name] = ([list(c.token_ids) for c in t.chunks], t.text, t.language)
         return out
-
-    # --- bench -------------------------------------------------------------------------------
-    def bench_stages(self) -> dict[str, list[str]]:
-        from ncnnport.models.qwen3_asr.bench import STAGES
-        return STAGES
-
-    def bench_call(self, loaded: LoadedModel, modules, stage: str, size: str):
-        from ncnnport.models.qwen3_asr.bench import ncnn_call
-        return ncnn_call(loaded.reference, modules, stage, size)
-
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str):
-        """transformers eager in float32 (also for the ``*_fp16`` stages: the ratio is vs torch fp32)."""
-        from ncnnport.models.qwen3_asr.bench import FP16_SUFFIX, torch_decode_call, torch_token_call
-        stage = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
-        if stage == "decode":
-            return torch_decode_call(loaded.reference, int(size))
-        if stage == "token":
-            return torch_token_call(loaded.reference, int(size))
-        return None
-
-    def bench_perf_stages(self) -> dict[str, list[str]]:
-        from ncnnport.models.qwen3_asr.bench import PERF_STAGES
-        return PERF_STAGES
-
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str):
-        from ncnnport.models.qwen3_asr.bench import stage_bytes
-        return stage_bytes(loaded.reference, stage, size)
 
     # --- run ---------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:

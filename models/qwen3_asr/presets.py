@@ -230,26 +230,6 @@ def seeded_init_rule(skeleton: nn.Module, gain: float = REAL_INIT_GAIN, qk_gain:
     return rule
 
 
-def truncated_config(config: Qwen3ASRConfig, layers: int | None) -> Qwen3ASRConfig:
-    """Keep the first ``layers`` text and audio layers (None: unchanged)."""
-    if layers is None:
-        return config
-    if layers < 1:
-        raise ValueError(f"--layers must be >= 1, got {layers}")
-    import copy
-
-    cfg = copy.deepcopy(config)
-    t, a = cfg.text_config, cfg.audio_config
-    if layers > t.num_hidden_layers or layers > a.encoder_layers:
-        raise ValueError(f"--layers {layers}: the model has {t.num_hidden_layers} text and "
-                         f"{a.encoder_layers} audio layers")
-    t.num_hidden_layers = layers
-    if getattr(t, "layer_types", None):
-        t.layer_types = list(t.layer_types)[:layers]
-    a.encoder_layers = layers
-    return cfg
-
-
 def preset_config(name: str) -> Qwen3ASRConfig:
     if name == "tiny":
         return tiny_config()

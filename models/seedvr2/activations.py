@@ -27,7 +27,8 @@ import torch
 from ncnnport.lazy_weights import Init
 from ncnnport.models.seedvr2.config import REAL, SeedVR2Config
 from ncnnport.models.seedvr2.dit import emb_table, patchify, unpatchify
-from ncnnport.models.seedvr2.lazy import LazySeedVR2, truncated_config
+from ncnnport.models.seedvr2.lazy import LazySeedVR2
+from ncnnport.models.seedvr2.port import PORT
 from ncnnport.models.seedvr2.mmrope import text_positions
 
 
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     fx = next(f for f in FIXTURES if f.label == args.fixture)
     t0 = time.perf_counter()
-    stats = measure(build(truncated_config(REAL, args.layers), args.recipe), fx.video(), fx.seed)
+    stats = measure(build(PORT.truncate(REAL, args.layers), args.recipe), fx.video(), fx.seed)
     print(f"## {args.recipe} weights, real width, {args.fixture} ({time.perf_counter() - t0:.0f} s)\n")
     print(stats.table())
     return 0

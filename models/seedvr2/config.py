@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ncnnport.models.kit import LayerStack
+
 
 @dataclass(frozen=True)
 class DiTConfig:
@@ -138,3 +140,14 @@ TINY = SeedVR2Config(
 )
 
 PRESETS: dict[str, SeedVR2Config] = {"tiny": TINY, "real": REAL}
+
+
+LAYER_STACKS = (LayerStack("dit.num_layers", "DiT blocks"),)
+"""``--layers K`` keeps the first K DiT blocks. The truncated DiT is a complete NaDiT of K blocks:
+block K-1 takes the last-block role (``DiTConfig.is_last``: video-only ada/MLP, unmodulated text
+in attention, no text output), exactly as block 31 does in the full model, so the output head
+always follows a last block and the K-block model exercises both official quirks. Its tensors
+keep their full-model names and shapes (``blocks.{K-1}.mlp.vid.*`` exists in the full model too;
+the text-stream tensors it no longer uses are simply never read), so seeded values and
+checkpoint reads are the same as in the whole model. ``mm_layers`` is kept: blocks below it stay
+separate-weight."""

@@ -16,7 +16,6 @@ folder in this project's layout (:class:`FolderSource`, read per tensor with ``s
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -28,30 +27,11 @@ from ncnnport.lazy_weights import (InitRule, SafetensorsSource, SeededSource, We
 from ncnnport.models.seedvr2.config import SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT
 from ncnnport.models.seedvr2.mmrope import rope_freqs
-from ncnnport.models.seedvr2.model import matches, read_config
+from ncnnport.models.seedvr2.model import matches
 from ncnnport.models.seedvr2.vae import VideoAutoencoderKL
 
 ROOTS = ("dit", "vae")
 TEXT = "text.positive"
-
-
-def truncated_config(config: SeedVR2Config, layers: int | None) -> SeedVR2Config:
-    """Keep the first ``layers`` DiT blocks (None: unchanged).
-
-    The truncated DiT is a complete NaDiT of K blocks: block K-1 takes the last-block role
-    (``DiTConfig.is_last``: video-only ada/MLP, unmodulated text in attention, no text output),
-    exactly as block 31 does in the full model, so the output head always follows a last block
-    and the K-block model exercises both official quirks. Its tensors keep their full-model
-    names and shapes (``blocks.{K-1}.mlp.vid.*`` exists in the full model too; the text-stream
-    tensors it no longer uses are simply never read), so seeded values and checkpoint reads are
-    the same as in the whole model. ``mm_layers`` is kept: blocks below it stay separate-weight.
-    """
-    if layers is None:
-        return config
-    n = config.dit.num_layers
-    if not 1 <= layers <= n:
-        raise ValueError(f"--layers {layers}: the DiT has {n} blocks (use 1..{n})")
-    return dataclasses.replace(config, dit=dataclasses.replace(config.dit, num_layers=layers))
 
 
 class LazySeedVR2:
@@ -228,9 +208,7 @@ class FolderSource(SafetensorsSource):
         return name.split(".", 1)[1]  # "dit.blocks.0..." is "blocks.0..." in dit*.safetensors
 
 
-def from_folder(folder: Path, layers: int | None = None) -> LazySeedVR2:
+def from_folder(folder: Path, config: SeedVR2Config, truncated: bool) -> LazySeedVR2:
     """A checkpoint folder read per view. Untruncated, unexpected tensors are errors (a strict
     load); truncated to K blocks, the other blocks' tensors are expected and never read."""
-    folder = Path(folder)
-    config = truncated_config(read_config(folder), layers)
-    return LazySeedVR2(config, FolderSource(folder), truncated=layers is not None, stores_buffers=True)
+    return LazySeedVR2(config, FolderSource(Path(folder)), truncated=truncated, stores_buffers=True)

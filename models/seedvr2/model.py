@@ -105,14 +105,15 @@ def from_preset(name: str, seed: int = 0) -> SeedVR2:
 
 
 def truncate(model: SeedVR2, layers: int | None) -> SeedVR2:
-    """The first ``layers`` DiT blocks of a built model (see ``lazy.truncated_config``): the
+    """The first ``layers`` DiT blocks of a built model (see ``config.LAYER_STACKS``): the
     K-block NaDiT takes its tensors by name from the whole one (block K-1's video-only ada/MLP
     are the whole block's ``vid`` tensors), so every kept value equals the untruncated preset."""
-    from ncnnport.models.seedvr2.lazy import truncated_config
+    from ncnnport.models.kit import truncate as cut
+    from ncnnport.models.seedvr2.config import LAYER_STACKS
 
     if layers is None:
         return model
-    config = truncated_config(model.config, layers)
+    config = cut(model.config, LAYER_STACKS, layers, "the seedvr2 model")
     with torch.device("meta"):
         dit = NaDiT(config.dit)
     full = model.dit.state_dict()

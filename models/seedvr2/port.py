@@ -12,7 +12,8 @@ import numpy as np
 
 from ncnnport.contract import Tolerance
 from ncnnport.parity.records import stage_record
-from ncnnport.registry import E2EContext, LoadedModel, ModelPort
+from ncnnport.models.kit import KitPort
+from ncnnport.registry import E2EContext, LoadedModel
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 # Tiny presets run user inputs at no more than this many pixels (the real model: 720x1280).
@@ -63,19 +64,6 @@ FULL_WIDTH_RESIDENCY_FIXTURE = "image_64x96"
 # image (one window; every graph is still called, each DiT block once).
 TRACE_FIXTURE = "image_64x96"
 PRECISION_FIXTURE = "image_64x96"
-
-
-def precision_options(precision: str, threads: int = 1):
-    """The run verb's ``--precision``: ncnn fp16 storage (+packed) or bf16 storage; arithmetic
-    stays fp32. ``fp32`` is the parity baseline."""
-    from ncnnport.runtime.options import RuntimeOptions
-
-    base = RuntimeOptions(num_threads=threads)
-    table = {"fp32": base, "fp16": base.with_(fp16_storage=True, fp16_packed=True),
-             "bf16": base.with_(bf16_storage=True)}
-    if precision not in table:
-        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(table)}")
-    return table[precision]
 
 
 def image_files(path: Path) -> list[Path]:
@@ -241,47 +229,50 @@ class StreamedModules:
             self.modules.release(name)
 
 
-class SeedVR2Port(ModelPort):
+class SeedVR2Port(KitPort):
+    """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims with
+    seeded per-tensor weights, and a checkpoint folder (safetensors, or official ``.pth`` files
+    converted once, see pth.py): both a :class:`~.lazy.LazySeedVR2` whose graphs are built one at
+    a time from their own tensors (the whole model is materialised only for e2e parity, the torch
+    bench or ``run``)."""
+
     name = "seedvr2"
     presets = ("tiny", "real")
-    supports_layers = True
     # the run verb hands over a LazyModules: streamed residency then never holds every block
     lazy_modules = True
 
-    # --- load / split --------------------------------------------------------------------------
-    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
-        """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims
-        with seeded per-tensor weights, and a checkpoint folder (safetensors, or official
-        ``.pth`` files converted once, see pth.py): both a
-        :class:`~.lazy.LazySeedVR2` whose graphs are built one at a time from their own tensors
-        (the whole model is materialised only for e2e parity, the torch bench or ``run``)."""
-        from ncnnport.models.seedvr2 import lazy
-        from ncnnport.models.seedvr2 import model as M
-        from ncnnport.models.seedvr2.config import PRESETS
+    @property
+    def layer_stacks(self):  # declared with the config (model.truncate cuts built models with it)
+        from ncnnport.models.seedvr2.config import LAYER_STACKS
+        return LAYER_STACKS
+
+    def config_folder(self, preset: str, ckpt: Path | None) -> Path | None:
+        """Official .pth weights are converted once into the build folder (pth.py), then loaded
+        through the same strict safetensors path as any checkpoint."""
         from ncnnport.models.seedvr2.pth import safetensors_folder
-        from ncnnport.models.seedvr2.seeded import REAL_SEED
         from ncnnport.targets import DEFAULT_BUILD_ROOT
+        return None if ckpt is None else safetensors_folder(ckpt, DEFAULT_BUILD_ROOT)
 
-        if ckpt is not None:
-            # official .pth weights are converted once into the build folder (pth.py), then
-            # loaded through the same strict safetensors path as any checkpoint
-            ref = lazy.from_folder(safetensors_folder(ckpt, DEFAULT_BUILD_ROOT), layers)
-        elif preset == "real":
-            ref = lazy.seeded(lazy.truncated_config(PRESETS["real"], layers), REAL_SEED)
-        else:
-            ref = M.truncate(M.from_preset(preset), layers)
-        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=ref.config.to_json(), reference=ref,
-                           extra={"layers": layers})
+    def read_config(self, folder: Path | None, preset: str) -> Any:
+        from ncnnport.models.seedvr2.config import PRESETS
+        from ncnnport.models.seedvr2.model import read_config
+        return PRESETS[preset] if folder is None else read_config(folder)
 
-    def module_specs(self, loaded: LoadedModel):
-        from ncnnport.models.seedvr2.specs import module_specs
+    def seeded(self, config: Any, seed: int) -> Any:
+        from ncnnport.models.seedvr2 import lazy
+        return lazy.seeded(config, seed)
 
-        return module_specs(loaded.reference)
+    def from_folder(self, folder: Path, config: Any, truncated: bool) -> Any:
+        from ncnnport.models.seedvr2 import lazy
+        return lazy.from_folder(folder, config, truncated)
 
-    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
-        from ncnnport.models.seedvr2.specs import module_weight_bytes
-
-        return module_weight_bytes(loaded.reference)
+    def reference(self, preset: str, ckpt: Path | None, folder: Path | None, config: Any,
+                  layers: int | None) -> Any:
+        """Small presets are built whole in memory (their seeded init is model-wide), then cut."""
+        from ncnnport.models.seedvr2 import model as M
+        if ckpt is None and preset not in self.seeded_presets:
+            return M.truncate(M.from_preset(preset), layers)
+        return super().reference(preset, ckpt, folder, config, layers)
 
     # --- pipelines -----------------------------------------------------------------------------
     @staticmethod
@@ -333,9 +324,8 @@ class SeedVR2Port(ModelPort):
         ref = loaded.reference
         txt = ref.text.numpy()
         policy, prec = ctx.policy, ctx.precision
-        default = policy.default(prec) if policy else Tolerance()
-        frames_tol = policy.stage("frames", prec) if policy else Tolerance(0.99999, 0.0, 1.0)
-        res_tol = policy.stage("residency", prec) if policy else Tolerance(0.999999, 0.0, 0.0)
+        frames_tol = policy.stage("frames", prec)
+        res_tol = policy.stage("residency", prec)
         fixtures, residency_fixture = self._fixtures(loaded)
         # synthetic fixtures run at their own size (they were sized for the window logic); user
         # inputs at the model's working area (720x1280 at full width)
@@ -359,7 +349,7 @@ class SeedVR2Port(ModelPort):
                 o = restore(ref.config, official_be, video, txt, a.noise, area=area)
                 records.append(official_record(label, o.frames, b.frames, frames_tol, geo))
             for stage in ["latent"] + sorted(k for k in a.stages if k.startswith("block_")) + ["vid_out", "decoded"]:
-                tol = policy.stage("blocks" if stage.startswith("block_") else stage, prec) if policy else default
+                tol = policy.stage("blocks" if stage.startswith("block_") else stage, prec)
                 records.append(stage_record(label, stage, a.stages[stage], b.stages[stage], tol, **geo))
             records.append(stage_record(label, "frames", image_rows(a.frames), image_rows(b.frames),
                                         frames_tol, **geo, **image_stats(a.frames, b.frames)))
@@ -387,10 +377,10 @@ class SeedVR2Port(ModelPort):
         from ncnnport.models.seedvr2.streamed import streamed_parity
 
         policy = ctx.policy
-        local_tol = policy.default("fp32") if policy else Tolerance()
+        local_tol = policy.default("fp32")
 
         def tol_for(stage: str) -> Tolerance:
-            return policy.stage(stage, "fp32") if policy else local_tol
+            return policy.stage(stage, "fp32")
 
         cases = [(f.label, f.video(), f.seed) for f in FIXTURES if f.label == TRACE_FIXTURE]
         cases += [(f"input:{Path(p).name}", read_frames(Path(p)), 100 + i) for i, p in enumerate(ctx.user_inputs)]
@@ -417,7 +407,7 @@ class SeedVR2Port(ModelPort):
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
                                 policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
                                 keep_dir=ctx.package_dir.parent / "trace",
-                                gate=ctx.policy.trace_gate(ctx.precision) if ctx.policy else "propagated")
+                                gate=ctx.policy.trace_gate(ctx.precision))
 
     def _precision_records(self, ctx: E2EContext, label: str, video: np.ndarray, seed: int, area: int,
                            ref_frames: np.ndarray, fp32_frames: np.ndarray,
@@ -445,7 +435,7 @@ class SeedVR2Port(ModelPort):
             mods = LazyModules(pkg, options=v.options)
             be, _ = self.graph_backend(ctx.loaded, mods)
             c = restore(ref.config, be, video, ref.text.numpy(), seed=seed, area=area)
-            tol = ctx.policy.stage("frames", v.precision) if ctx.policy else Tolerance(0.999, 0.0, 8.0)
+            tol = ctx.policy.stage("frames", v.precision)
             out.append(stage_record(label, f"precision:{v.name}", image_rows(ref_frames), image_rows(c.frames),
                                     tol, **geo, precision_mode=v.precision, options=v.options.to_json(),
                                     fp16_weights=v.fp16_weights, **image_stats(ref_frames, c.frames),
@@ -453,33 +443,18 @@ class SeedVR2Port(ModelPort):
             mods.release_all()
         return out
 
-    # --- bench (models/seedvr2/bench.py) --------------------------------------------------------
-    def bench_stages(self) -> dict[str, list[str]]:
-        """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0: pre
-        graph, every window's attention, post graph; ``dit`` is the whole DiT."""
-        from ncnnport.models.seedvr2.bench import STAGES
-
-        return {k: list(v) for k, v in STAGES.items()}
-
-    def bench_perf_stages(self) -> dict[str, list[str]]:
-        from ncnnport.models.seedvr2.bench import PERF_STAGES
-
-        return {k: list(v) for k, v in PERF_STAGES.items()}
-
+    # --- bench (models/seedvr2/bench.py; tables and torch_call through the kit) ---------------------
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
         from ncnnport.models.seedvr2.bench import stage_bytes
 
         return stage_bytes(loaded.reference, stage)
 
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
+        """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0: pre
+        graph, every window's attention, post graph; ``dit`` is the whole DiT."""
         from ncnnport.models.seedvr2.bench import ncnn_call
 
         return ncnn_call(loaded.reference, self.graph_backend(loaded, modules)[0], stage, size)
-
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
-        from ncnnport.models.seedvr2.bench import torch_call
-
-        return torch_call(loaded.reference, stage, size)
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
@@ -504,9 +479,6 @@ class SeedVR2Port(ModelPort):
                             help="sample the VAE posterior like the official encoder (default), or use its mean")
         parser.add_argument("--residency", choices=("resident", "streamed"), default="resident",
                             help="streamed: load, run and release each DiT block's graphs in turn")
-        parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
-                            help="ncnn storage precision: fp16 = fp16 storage+packed, bf16 = bf16 storage "
-                                 "(arithmetic fp32); error vs fp32 in the parity report's precision:* records")
         parser.add_argument("--no-colour-fix", action="store_true")
 
     def validate_inputs(self, paths) -> None:
@@ -524,29 +496,13 @@ class SeedVR2Port(ModelPort):
             if not torch.cuda.is_available():
                 raise ValueError("--noise-device cuda: no CUDA device is visible to torch")
 
-    @staticmethod
-    def _with_precision(modules: Mapping[str, Any], precision: str) -> Mapping[str, Any]:
-        """The same package under the ``--precision`` storage options (thread count kept)."""
-        from ncnnport.runtime.lazy_modules import LazyModules
-
-        if hasattr(modules, "with_options"):
-            base = modules.options
-        else:
-            first = next(iter(modules.values()))
-            base = first.options
-            if precision == "fp32" and not (base.fp16_storage or base.bf16_storage):
-                return modules
-            modules = LazyModules(Path(first.param).parent.parent, base)
-        want = precision_options(precision, base.num_threads).with_(use_vulkan=base.use_vulkan)
-        return modules if want == base else modules.with_options(want)
-
     def run(self, loaded: LoadedModel, modules, args) -> int:
         from ncnnport.models.seedvr2.pipeline import restore
 
         check_output(args.input, args.output)
+        precision = _options_of(modules).label  # the CLI's --precision, applied when it opened them
         video = read_frames(args.input)
         area = args.area or self._area(loaded, video.shape[1], video.shape[2])
-        modules = self._with_precision(modules, args.precision)
         backend, streamer = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
         noise = self._run_noise(loaded, video, area, args)
         result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(), noise,
@@ -556,7 +512,7 @@ class SeedVR2Port(ModelPort):
                 else streamer.peak_live if streamer else "all")
         rec = noise.record()
         print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output} "
-              f"[{args.precision}, {args.residency}: at most {held} DiT block graph(s) held at once; noise seed "
+              f"[{precision}, {args.residency}: at most {held} DiT block graph(s) held at once; noise seed "
               f"{rec['seed']} on {rec['device']}, posterior {rec['posterior']}, sha256 {rec['sha256'][:16]}]")
         sys.stdout.flush()
         return 0
@@ -570,6 +526,13 @@ class SeedVR2Port(ModelPort):
         shape = latent_shape_for(loaded.reference.config, video, area)
         return Noise.seeded(shape, args.seed, sample_posterior=args.posterior == "sample",
                             device=getattr(args, "noise_device", "cpu"))
+
+
+def _options_of(modules: Mapping[str, Any]) -> Any:
+    """The runtime options a mapping of graphs was opened with (a lazy mapping or open graphs)."""
+    if hasattr(modules, "options"):
+        return modules.options
+    return next(iter(modules.values())).options
 
 
 PORT = SeedVR2Port()

@@ -15,7 +15,6 @@ against :class:`YoutuVL` keeps working.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -37,16 +36,6 @@ REAL_SEED = 0
 REAL_LINEAR_GAIN = 1.0
 REAL_EMBED_STD = 0.5
 REAL_NORM_STD = 0.1
-
-
-def truncated_config(cfg: YoutuVLConfig, layers: int | None) -> YoutuVLConfig:
-    """Keep the first ``layers`` LLM decoder layers (None: unchanged). The vision tower stays
-    whole: its window/full-attention block pattern is part of what the port must get right."""
-    if layers is None:
-        return cfg
-    if layers < 1 or layers > cfg.text.num_hidden_layers:
-        raise ValueError(f"--layers {layers}: the youtu-vl LLM has {cfg.text.num_hidden_layers} layers")
-    return dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, num_hidden_layers=layers))
 
 
 def seeded_init_rule(skeleton: nn.Module) -> Callable[[str, tuple[int, ...]], Init]:

@@ -11,7 +11,8 @@ import numpy as np
 from ncnnport.contract import ModuleSpec, Tolerance
 from ncnnport.parity.records import stage_record, token_record
 from ncnnport.parity.tokens import teacher_forced_stats
-from ncnnport.registry import E2EContext, LoadedModel, ModelPort
+from ncnnport.models.kit import KitPort, LayerStack
+from ncnnport.registry import E2EContext, LoadedModel
 
 MIN_TOKENS = 64
 REAL_FIXTURES = ("grid_12x18", "text_only")
@@ -43,45 +44,43 @@ def check_image_file(path: Path) -> None:
         raise ValueError(f"image {path}: cannot be decoded as an image ({exc})") from None
 
 
-class YoutuVLPort(ModelPort):
+class YoutuVLPort(KitPort):
+    """A :class:`~.lazy.LazyYoutuVL`: weights are read (checkpoint, tiny/mid preset folders) or
+    generated (seeded ``real`` preset) one module at a time; the whole model is built only when
+    e2e parity, the torch bench or the run verb ask for it. ``layers=K`` keeps the first K LLM
+    layers; the vision tower stays whole (its window/full-attention pattern is part of the port)."""
+
     name = "youtu-vl"
     presets = ("tiny", "mid", "real")
-    supports_layers = True
+    layer_stacks = (LayerStack("text.num_hidden_layers", "LLM layers"),)
 
-    # --- load / split ---------------------------------------------------------------------
-    def load(self, preset: str, ckpt: Path | None, layers: int | None = None) -> LoadedModel:
-        """A :class:`~.lazy.LazyYoutuVL`: weights are read (checkpoint, tiny/mid preset folders) or
-        generated (seeded ``real`` preset) one module at a time; the whole model is built only
-        when e2e parity, the torch bench or the run verb ask for it. ``layers=K`` keeps the first
-        K LLM layers."""
-        from ncnnport.models.youtu_vl import lazy
-        from ncnnport.models.youtu_vl.checkpoint import read_config
+    def config_folder(self, preset: str, ckpt: Path | None) -> Path:
         from ncnnport.models.youtu_vl.presets import materialise_preset
+        return Path(ckpt) if ckpt is not None else materialise_preset(preset)
+
+    def read_config(self, folder: Path, preset: str) -> Any:
+        from ncnnport.models.youtu_vl.checkpoint import read_config
+        return read_config(folder)
+
+    def seeded(self, config: Any, seed: int) -> Any:
+        from ncnnport.models.youtu_vl import lazy
+        return lazy.seeded(config, seed)
+
+    def from_folder(self, folder: Path, config: Any, truncated: bool) -> Any:
+        from ncnnport.models.youtu_vl import lazy
+        return lazy.from_folder(folder, config, truncated=truncated)
+
+    def config_json(self, reference: Any) -> dict[str, Any]:
+        return reference.cfg.to_json()
+
+    def assets(self, folder: Path) -> dict[str, Path]:
+        names = ["config.json", "tokenizer.json"] + (["tokenizer_config.json"]
+                                                     if (folder / "tokenizer_config.json").is_file() else [])
+        return {n: folder / n for n in names}
+
+    def extra(self, folder: Path, reference: Any) -> dict[str, Any]:
         from ncnnport.models.youtu_vl.tokenizer import load_tokenizer
-
-        folder = Path(ckpt) if ckpt is not None else materialise_preset(preset)
-        cfg = lazy.truncated_config(read_config(folder), layers)
-        if ckpt is None and preset == "real":
-            vl = lazy.seeded(cfg, lazy.REAL_SEED)
-        else:
-            vl = lazy.from_folder(folder, cfg, truncated=layers is not None)
-        tokenizer = load_tokenizer(folder)
-        assets = {"config.json": folder / "config.json", "tokenizer.json": folder / "tokenizer.json"}
-        if (folder / "tokenizer_config.json").is_file():
-            assets["tokenizer_config.json"] = folder / "tokenizer_config.json"
-        return LoadedModel(name=self.name, preset=preset, ckpt=ckpt, config=cfg.to_json(),
-                           reference=vl, assets=assets,
-                           extra={"tokenizer": tokenizer, "folder": folder, "layers": layers})
-
-    def module_specs(self, loaded: LoadedModel) -> list[ModuleSpec]:
-        from ncnnport.models.youtu_vl.specs import module_specs
-
-        return module_specs(loaded.reference)
-
-    def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
-        from ncnnport.models.youtu_vl.specs import module_weight_bytes
-
-        return module_weight_bytes(loaded.reference)
+        return {"tokenizer": load_tokenizer(folder), "folder": folder}
 
     # --- e2e parity ---------------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
@@ -94,9 +93,8 @@ class YoutuVLPort(ModelPort):
         cases: list[tuple[str, Any, str]] = [(f.name, f.image(), f.prompt) for f in chosen]
         for path in ctx.user_inputs:
             cases.append((f"user:{Path(path).name}", load_image(path), "Describe this image."))
-        min_tokens = int(ctx.policy.number("min_tokens", MIN_TOKENS, ctx.precision)) if ctx.policy \
-            else MIN_TOKENS
-        gate = ctx.policy.token_gate(ctx.precision) if ctx.policy else None
+        min_tokens = int(ctx.policy.number("min_tokens", MIN_TOKENS, ctx.precision))
+        gate = ctx.policy.token_gate(ctx.precision)
         trace_fixture = next((name for name, image, _ in cases if image is not None), None)
         records: list[dict[str, Any]] = []
         for name, image, prompt in cases:
@@ -122,36 +120,10 @@ class YoutuVLPort(ModelPort):
             recs, receipt = streamed_parity(
                 ctx.loaded.reference, ctx.package_dir, ctx.loaded.extra["tokenizer"], fx,
                 tol_for=lambda stage: _stage_tol(ctx, stage),
-                layer_tol=lambda name: ctx.policy.default() if ctx.policy else Tolerance())
+                layer_tol=lambda name: ctx.policy.default())
             records += recs
             receipts[fx.name] = receipt
         return records, receipts
-
-    # --- bench ------------------------------------------------------------------------------
-    def bench_stages(self) -> dict[str, list[str]]:
-        from ncnnport.models.youtu_vl.bench import STAGES
-
-        return {k: list(v) for k, v in STAGES.items()}
-
-    def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
-        from ncnnport.models.youtu_vl.bench import ncnn_call
-
-        return ncnn_call(loaded.reference, modules, stage, size)
-
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
-        from ncnnport.models.youtu_vl.bench import torch_call
-
-        return torch_call(loaded.reference, stage, size)
-
-    def bench_perf_stages(self) -> dict[str, list[str]]:
-        from ncnnport.models.youtu_vl.bench import PERF_STAGES
-
-        return {k: list(v) for k, v in PERF_STAGES.items()}
-
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
-        from ncnnport.models.youtu_vl.bench import stage_bytes
-
-        return stage_bytes(loaded.reference, stage, size)
 
     # --- run ------------------------------------------------------------------------------------
     def add_run_arguments(self, parser: Any) -> None:
@@ -162,9 +134,6 @@ class YoutuVLPort(ModelPort):
                             help="patch cap of the resize rule (default: the official HF processor's 36864)")
         parser.add_argument("--show-special", action="store_true",
                             help="print special tokens too (the tiny preset mostly emits filler ids)")
-        parser.add_argument("--fp16-decode", action="store_true",
-                            help="one-token steps on the layers' and head's decode variants with fp16 "
-                                 "weights (InnerProduct; about half the bytes per token), prompt in fp32")
 
     def validate_run_args(self, args: Any) -> None:
         """``--image`` must be a decodable image file; sizes must be usable (before any load)."""
@@ -195,17 +164,25 @@ class YoutuVLPort(ModelPort):
         ids = encode_prompt(tok, args.prompt, None if image is None else image.num_tokens,
                             cfg.system_prompt)
         streamer = TextStreamer(tok, skip_special=not args.show_special)
-        decode = None
-        if args.fp16_decode:
-            from ncnnport.models.youtu_vl.pipeline import layer_name
-            from ncnnport.models.youtu_vl.specs import DECODE
-            from ncnnport.runtime.variants import with_variant
-            fp16 = modules[layer_name(0)].options.with_(fp16_storage=True)
-            decode = {n: m for n, m in with_variant(modules, DECODE, fp16).items() if m is not modules[n]}
         generate(modules, cfg, ids, image, args.max_new_tokens, stop_at_eos=True,
-                 on_token=lambda t: None if t == EOS_ID else streamer.put(t), decode_runners=decode)
+                 on_token=lambda t: None if t == EOS_ID else streamer.put(t),
+                 decode_runners=decode_runners(modules))
         streamer.end()
         return 0
+
+
+def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The graphs of the one-token steps: the layers' and head's ``decode`` variants (InnerProduct)
+    when the graphs store fp16 (``--precision fp16-*``), because only InnerProduct reads fp16
+    weights on x86 (about half the bytes per token); None under fp32/bf16 storage, where the
+    prompt graphs serve the steps too. The variants keep the graphs' own options."""
+    from ncnnport.models.youtu_vl.specs import DECODE
+    from ncnnport.runtime.variants import with_variant
+
+    options = getattr(next(iter(modules.values())), "options", None)  # torch runners have none
+    if options is None or not options.fp16_storage:
+        return None
+    return {n: m for n, m in with_variant(modules, DECODE).items() if m is not modules[n]}
 
 
 class _FileFixture:
@@ -242,8 +219,6 @@ class TextStreamer:
 
 
 def _stage_tol(ctx: E2EContext, stage: str) -> Tolerance:
-    if ctx.policy is None:
-        return Tolerance()
     return ctx.policy.stage(stage, ctx.precision)
 
 
@@ -321,7 +296,7 @@ def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[
     return first_divergence(fixture, pipeline_run, torch_mods, ncnn_mods,
                             policy_gates(ctx.policy, ctx.precision, list(ncnn_mods)),
                             keep_dir=ctx.package_dir.parent / "trace",
-                            gate=ctx.policy.trace_gate(ctx.precision) if ctx.policy else "propagated")
+                            gate=ctx.policy.trace_gate(ctx.precision))
 
 
 PORT = YoutuVLPort()

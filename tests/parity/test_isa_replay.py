@@ -54,7 +54,7 @@ def test_replay_passes_within_the_rule_and_fails_beyond_it(tmp_path, monkeypatch
     policy = Policy.load(ROOT / "models" / "youtu_vl" / "policy.json")  # kappa 4, margin 2
     FakeModules.amplification = 4.0
     rows = isa_replay.replay(tmp_path / "package", cases, policy)
-    assert [r["variant"] for r in rows][:3] == ["fp32 threads=1", "fp32 threads=2", "fp16 storage"]
+    assert [r["variant"] for r in rows][:3] == ["fp32 threads=1", "fp32 threads=2", "fp16-storage"]
     assert all(r["passed"] for r in rows), rows
     bf16 = next(r for r in rows if r["precision"] == "bf16")
     assert np.isclose(bf16["worst_rel_max_abs"], 4.0 * 2.0 ** -8, rtol=1e-3)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ncnnport.models.qwen3_asr import lazy
-from ncnnport.models.qwen3_asr.presets import tiny_config, truncated_config
+from ncnnport.models.qwen3_asr.port import PORT
+from ncnnport.models.qwen3_asr.presets import tiny_config
 from ncnnport.models.qwen3_asr.specs import module_specs, module_weight_bytes
 from ncnnport.targets import Target
 
@@ -59,7 +60,7 @@ def test_seeded_layer_built_alone_equals_the_same_layer_of_a_full_build():
 
 def test_layers_k_keeps_the_first_k_layers_with_the_same_weights():
     cfg = small_config(4)
-    two = lazy.seeded(truncated_config(cfg, 2), seed=0)
+    two = lazy.seeded(PORT.truncate(cfg, 2), seed=0)
     names = [s.name for s in module_specs(two)]
     assert [n for n in names if "layer" in n] == ["audio_layer0", "audio_layer1", "prefill_layer0", "prefill_layer1",
                                                   "decode_layer0", "decode_layer1"]
@@ -69,7 +70,7 @@ def test_layers_k_keeps_the_first_k_layers_with_the_same_weights():
                                                       four.part(path).state_dict().values()))
     assert cfg.text_config.num_hidden_layers == 4                    # the input config is untouched
     with pytest.raises(ValueError, match="layers"):
-        truncated_config(cfg, 5)
+        PORT.truncate(cfg, 5)
     sizes = module_weight_bytes(two)
     assert sizes["decode_layer1"] == sum(4 * p.numel() for p in two.part("model.language_model.layers.1").parameters())
     assert Target("qwen3-asr", "real", layers=4).tag == "real-L4"

@@ -70,7 +70,7 @@ def test_real_split_reads_every_tensor_exactly_once() -> None:
     blocks the only unread tensors are block K-1's text ``proj_out`` (its text output is never
     consumed)."""
     for layers in (None, 3):
-        model = lazy.seeded(lazy.truncated_config(REAL, layers), 0)
+        model = lazy.seeded(PORT.truncate(REAL, layers), 0)
         names = [n for root, parts in S.spec_parts(model.config).values() if parts
                  for n in model.view_names(root, parts)]
         assert len(names) == len(set(names))
@@ -113,7 +113,7 @@ def test_every_graph_built_alone_equals_the_graph_of_the_whole(tiny_lazy) -> Non
 def test_truncated_models_keep_the_whole_models_values(tiny_lazy) -> None:
     """--layers 2 of a 4-block model: block 1 (separate weights) becomes the last block and keeps
     the whole model's video weights; the lazy seeded model and the built tiny preset agree."""
-    cut = lazy.seeded(lazy.truncated_config(TINY, 2), 5)
+    cut = lazy.seeded(PORT.truncate(TINY, 2), 5)
     assert cut.dit.blocks[1].is_last and not tiny_lazy.dit.blocks[1].is_last
     a, b = cut.dit.blocks[1].state_dict(), tiny_lazy.dit.blocks[1].state_dict()
     assert a.keys() < b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from ncnnport.models.youtu_vl.port import PORT
+
 
 def _tiny_cfg():
     from ncnnport.models.youtu_vl.config import tiny_config
@@ -39,7 +41,7 @@ def test_real_preset_builds_a_layer_without_the_rest():
     from ncnnport.models.youtu_vl.config import preset_config
     from ncnnport.models.youtu_vl.specs import module_weight_bytes
 
-    vl = lazy.seeded(lazy.truncated_config(preset_config("real"), 2))
+    vl = lazy.seeded(PORT.truncate(preset_config("real"), 2))
     sizes = module_weight_bytes(vl)
     assert sizes["llm_layer0"] == 4 * 104_242_176            # one real MLA layer, 398 MiB
     heads = [n for n in sizes if n.startswith("lm_head_part")]
@@ -58,12 +60,12 @@ def test_truncated_config_keeps_the_vision_tower_and_refuses_bad_counts():
     from ncnnport.models.youtu_vl import lazy
 
     cfg = _tiny_cfg()
-    cut = lazy.truncated_config(cfg, 1)
+    cut = PORT.truncate(cfg, 1)
     assert cut.text.num_hidden_layers == 1 and cut.vision == cfg.vision
-    assert lazy.truncated_config(cfg, None) is cfg
+    assert PORT.truncate(cfg, None) is cfg
     for bad in (0, cfg.text.num_hidden_layers + 1):
         with pytest.raises(ValueError, match="--layers"):
-            lazy.truncated_config(cfg, bad)
+            PORT.truncate(cfg, bad)
 
 
 def test_checkpoint_folder_is_read_per_module(tiny_folder, tiny):
@@ -72,7 +74,7 @@ def test_checkpoint_folder_is_read_per_module(tiny_folder, tiny):
     from ncnnport.models.youtu_vl.checkpoint import read_config
 
     vl_ref, _ = tiny
-    cut = lazy.from_folder(tiny_folder, lazy.truncated_config(read_config(tiny_folder), 1), truncated=True)
+    cut = lazy.from_folder(tiny_folder, PORT.truncate(read_config(tiny_folder), 1), truncated=True)
     part = cut.part("model.layers.0")
     for name, p in part.named_parameters():
         assert torch.equal(p, vl_ref.model.layers[0].get_parameter(name)), name
@@ -97,7 +99,7 @@ def test_checkpoint_with_foreign_or_missing_tensors_is_refused(tiny_folder, tmp_
     save_file({**state, "model.layers.9.mlp.up_proj.weight": torch.zeros(2, 2)}, str(extra / "model.safetensors"))
     with pytest.raises(CheckpointError, match="unexpected"):
         lazy.from_folder(extra, cfg, truncated=False)
-    lazy.from_folder(extra, lazy.truncated_config(cfg, 1), truncated=True)  # later layers: expected
+    lazy.from_folder(extra, PORT.truncate(cfg, 1), truncated=True)  # later layers: expected
     missing = tmp_path / "missing"
     shutil.copytree(tiny_folder, missing)
     state.pop("model.layers.0.mlp.up_proj.weight")

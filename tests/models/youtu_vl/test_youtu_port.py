@@ -87,6 +87,23 @@ def test_decode_variants_serve_the_one_token_steps(built, modules):
     assert 0 < tf["logit_noise"] and tf["top1_agreement"] >= gate["min_top1"] and tf["kl_mean"] <= gate["max_kl_mean"], tf
 
 
+def test_run_steps_on_decode_variants_exactly_when_the_precision_stores_fp16(built) -> None:
+    """``run --precision`` opens every graph with its options; the one-token steps move to the
+    InnerProduct decode variants only under fp16 storage, keeping the graphs' own options."""
+    from ncnnport.models.youtu_vl.port import decode_runners
+    from ncnnport.runtime import precision
+    from ncnnport.stages import open_ncnn_modules
+
+    prep, pkg = built
+    layers = [f"llm_layer{i}" for i in range(prep.loaded.reference.cfg.text.num_hidden_layers)]
+    for name in ("fp32", "bf16"):
+        assert decode_runners(open_ncnn_modules(pkg, options=precision.get(name).options())) is None
+    half = precision.get("fp16-storage").options()
+    steps = decode_runners(open_ncnn_modules(pkg, options=half))
+    assert sorted(steps) == sorted(layers + ["lm_head"])
+    assert all(m.name.endswith(".decode") and m.options == half for m in steps.values())
+
+
 def test_e2e_records_teacher_forced_stats_and_the_trace(built, modules):
     from ncnnport.models.youtu_vl.port import e2e_case
     from ncnnport.registry import E2EContext

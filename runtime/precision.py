@@ -1,0 +1,71 @@
+"""One precision vocabulary for every command: ``run``, ``parity``, ``bench`` and the option sweep.
+
+Why: a reduced-precision setting used to have a spelling per command (sweep variant names, a
+model's own ``--precision``, a ``--fp16-decode`` flag, ``*_fp16`` bench stages), so "fp16" meant
+storage+packed in one place and InnerProduct fp16 weights in another. Here each name says once
+which ncnn options it sets, whether it needs the pnnx fp16-weights package, and which precision
+mode of the model's policy judges it. Thread count, backend and low-memory stay the caller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ncnnport.runtime.options import RuntimeOptions
+
+# the RuntimeOptions fields a precision owns (every other field is the caller's)
+PRECISION_FIELDS = ("fp16_storage", "fp16_packed", "fp16_arithmetic", "bf16_storage")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A named numeric setting: ncnn option flags, the package it runs on, the mode judging it."""
+
+    name: str
+    mode: str                                   # the policy's precision mode (parity.policy)
+    flags: Mapping[str, bool] = field(default_factory=dict)
+    fp16_weights: bool = False                  # the pnnx fp16-weights package (package-fp16w)
+    why: str = ""
+
+    def options(self, base: RuntimeOptions = RuntimeOptions()) -> RuntimeOptions:
+        """``base`` with exactly this precision's flags (the others reset, threads/backend kept)."""
+        return base.with_(**{k: bool(self.flags.get(k, False)) for k in PRECISION_FIELDS})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "mode": self.mode, "flags": dict(self.flags),
+                "fp16_weights": self.fp16_weights}
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision("fp32", "fp32", why="the parity baseline: fp32 storage and arithmetic"),
+    Precision("fp16-storage", "fp16", {"fp16_storage": True},
+              why="fp16 blobs and, for InnerProduct on x86, fp16 weights; arithmetic fp32"),
+    Precision("fp16-packed", "fp16", {"fp16_storage": True, "fp16_packed": True},
+              why="fp16 storage in packed layouts; arithmetic fp32"),
+    Precision("fp16-arithmetic", "fp16_arithmetic",
+              {"fp16_storage": True, "fp16_packed": True, "fp16_arithmetic": True},
+              why="fp16 storage and arithmetic where ncnn has fp16 kernels"),
+    Precision("bf16", "bf16", {"bf16_storage": True}, why="bf16 storage; arithmetic fp32"),
+    Precision("fp16-weights", "fp16_weights", fp16_weights=True,
+              why="pnnx stores the weights in fp16 (package-fp16w); ncnn runs fp32"),
+)}
+NAMES = tuple(PRECISIONS)
+
+
+def get(name: str) -> Precision:
+    """The precision called ``name``; a one-line ValueError listing the vocabulary otherwise."""
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise ValueError(f"--precision {name!r}: use one of {', '.join(NAMES)}") from None
+
+
+def of_options(options: RuntimeOptions) -> Precision:
+    """The vocabulary entry whose flags ``options`` carries (a package's fp16 weights are not
+    visible in options: such a run reads as its ncnn flags, i.e. ``fp32``)."""
+    for p in PRECISIONS.values():
+        if not p.fp16_weights and p.options(options) == options:
+            return p
+    flags = {k: getattr(options, k) for k in PRECISION_FIELDS if getattr(options, k)}
+    raise ValueError(f"runtime options {flags} name no precision of {', '.join(NAMES)}")
