@@ -458,3 +458,15 @@ def test_usage_errors_exit_2(cpp_exe):
     assert run_exe("check").returncode == 2
     assert run_exe("frobnicate", "x").returncode == 2
 
+
+
+def test_unpack_refuses_a_member_leaving_the_folder(tmp_path):
+    b = build_script()
+    evil = tmp_path / "evil.tar.gz"
+    payload = tmp_path / "payload"
+    payload.write_text("x")
+    with tarfile.open(evil, "w:gz") as tar:
+        tar.add(payload, arcname="../escaped")
+    with pytest.raises(b.BuildError, match=r"refusing archive member '../escaped'"):
+        b.unpack(evil, tmp_path / "out")
+    assert not (tmp_path / "escaped").exists()
