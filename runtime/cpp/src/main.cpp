@@ -11,6 +11,7 @@
 // Exit codes: 0 ok, 1 check found problems or input was refused, 2 usage.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>

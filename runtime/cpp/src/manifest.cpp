@@ -104,7 +104,9 @@ bool check_entry(const fs::path& root, const fs::path& resolved_root, const std:
         return false;
     }
     const auto actual = fs::file_size(p, ec);
-    if (ec || static_cast<long long>(actual) != size.get<long long>()) {
+    if (ec) {
+        problems.push_back(rel + ": cannot read its size (" + ec.message() + ")");
+    } else if (static_cast<long long>(actual) != size.get<long long>()) {
         problems.push_back(rel + ": size " + std::to_string(actual) + ", manifest " + size.dump());
     } else if (sha256_file(p) != digest.get<std::string>()) {
         problems.push_back(rel + ": sha256 differs from manifest");
