@@ -135,7 +135,10 @@ def build_options(layers: list[str], vulkan: bool, isa: str) -> dict:
     """Everything that changes the installed library; its hash names the cache folder."""
     if isa not in ISA_OFF:
         raise BuildError(f"--isa {isa}: choose one of {', '.join(sorted(ISA_OFF))}")
-    cmake_args = [*BASE_CMAKE_ARGS, f"-DNCNN_VULKAN={'ON' if vulkan else 'OFF'}",
+    # ncnn's CMakeLists stamps the build date as its version unless NCNN_VERSION is given: pin it
+    # to the release, so ncnn_version() says 1.0.20261020 and two builds are the same library.
+    cmake_args = [*BASE_CMAKE_ARGS, f"-DNCNN_VERSION={NCNN_VERSION.rsplit('.', 1)[1]}",
+                  f"-DNCNN_VULKAN={'ON' if vulkan else 'OFF'}",
                   *(f"-D{opt}=OFF" for opt in ISA_OFF[isa])]
     return {"version": NCNN_VERSION, "sdist_sha256": SDIST_SHA256, "layers": layers,
             "vulkan": vulkan, "isa": isa, "cmake_args": cmake_args, "compiler": compiler_id()}

@@ -21,7 +21,7 @@
 #include "ncnnport/sha256.h"
 
 #ifdef NCNNPORT_WITH_NCNN
-#include <ncnn/c_api.h>
+#include <c_api.h>  // ncnn (the ncnn target exports include/ncnn)
 #endif
 
 namespace {
