@@ -65,5 +65,5 @@ CPP_BUILD = build/cpp$(if $(filter 1,$(VULKAN)),-vulkan)
 cpp: $(STAMP)
 	$(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS)
 	@mkdir -p build
-	nice -n 19 cmake -S runtime/cpp -B $(CPP_BUILD) -DCMAKE_PREFIX_PATH="$$($(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS) --no-apt --print-prefix)" > $(CPP_BUILD).configure.log || (cat $(CPP_BUILD).configure.log; exit 1)
+	nice -n 19 cmake -S runtime/cpp -B $(CPP_BUILD) -Dncnn_DIR="$$($(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS) --no-apt --print-prefix)/lib/cmake/ncnn" > $(CPP_BUILD).configure.log || (cat $(CPP_BUILD).configure.log; exit 1)
 	nice -n 19 cmake --build $(CPP_BUILD) -j2

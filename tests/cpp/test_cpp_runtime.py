@@ -222,6 +222,20 @@ def test_links_the_pinned_ncnn(cpp_exe):
     assert res.stdout.decode().strip() == f"ncnn {build_script().NCNN_VERSION}"  # not the build date
 
 
+def test_make_cpp_relinks_the_current_ncnn_after_an_options_change(cpp_exe, tmp_path):
+    """A CMake cache still naming another ncnn install (other options) is overridden, not kept."""
+    b = build_script()
+    prefix = b.install_dir(b.build_options(b.read_layer_list(), False, "avx2"))
+    other = shutil.copytree(prefix, tmp_path / "ncnn-other-options")
+    cache = ROOT / "build" / "cpp" / "CMakeCache.txt"
+    subprocess.run(["cmake", "-S", str(CPP), "-B", str(cache.parent), f"-Dncnn_DIR={other}/lib/cmake/ncnn"],
+                   capture_output=True, check=True)
+    res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (line,) = [x for x in cache.read_text().splitlines() if x.startswith("ncnn_DIR:")]
+    assert line.split("=", 1)[1] == f"{prefix}/lib/cmake/ncnn"
+
+
 def test_check_passes_on_a_converted_package(cpp_exe, converted):
     pkg = converted("qwen3-asr")
     res = run_exe("check", str(pkg))
