@@ -51,3 +51,19 @@ test: $(STAMP)
 
 clean:
 	rm -rf build
+
+# C++ runtime (runtime/cpp): the pinned ncnn sdist built once, static, into
+# ~/.cache/ncnnport/ncnn-<version>-<options hash>/ (only the layer types of runtime/cpp/ncnn_layers.txt;
+# VULKAN=1 adds the Vulkan backend, NCNN_ISA=all keeps every x86 ISA copy), then the ncnnport_rt
+# library and the ncnnport-cpp executable in build/cpp[-vulkan]/. Installs missing apt packages.
+VULKAN ?=
+NCNN_ISA ?= avx2
+NCNN_OPTS = --isa $(NCNN_ISA) $(if $(filter 1,$(VULKAN)),--vulkan)
+CPP_BUILD = build/cpp$(if $(filter 1,$(VULKAN)),-vulkan)
+
+.PHONY: cpp
+cpp: $(STAMP)
+	$(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS)
+	@mkdir -p build
+	nice -n 19 cmake -S runtime/cpp -B $(CPP_BUILD) -Dncnn_DIR="$$($(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS) --no-apt --print-prefix)/lib/cmake/ncnn" > $(CPP_BUILD).configure.log || (cat $(CPP_BUILD).configure.log; exit 1)
+	nice -n 19 cmake --build $(CPP_BUILD) -j2

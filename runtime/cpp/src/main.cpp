@@ -1,0 +1,120 @@
+// ncnnport-cpp: the command-line face of ncnnport_rt, used by the tests and by CI.
+//
+//   ncnnport-cpp check PACKAGE                 verify PACKAGE against its manifest.json
+//   ncnnport-cpp tokenize TOKENIZER.json TEXT  print the ids of TEXT, space separated
+//   ncnnport-cpp tokenize TOKENIZER.json --jsonl     one JSON string a line on stdin -> one
+//                                              JSON id array a line on stdout (batch tests)
+//   ncnnport-cpp tokenize TOKENIZER.json --decode [--keep-special]
+//                                              ids (whitespace separated) on stdin -> text
+//   ncnnport-cpp version                        ncnn version linked in
+//
+// Exit codes: 0 ok, 1 check found problems or input was refused, 2 usage.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ncnnport/bpe_tokenizer.h"
+#include "ncnnport/manifest.h"
+#include "ncnnport/sha256.h"
+
+#ifdef NCNNPORT_WITH_NCNN
+#include <c_api.h>  // ncnn (the ncnn target exports include/ncnn)
+#endif
+
+namespace {
+
+int usage() {
+    std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
+                 "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
+                 "       ncnnport-cpp version\n";
+    return 2;
+}
+
+int cmd_check(const std::string& package) {
+    const ncnnport::ManifestCheck result = ncnnport::check_package(package);
+    for (const auto& p : result.problems) std::cerr << package << ": " << p << "\n";
+    if (!result.problems.empty()) return 1;
+    std::cout << "ok: " << result.files_checked << " files match " << package << "/manifest.json\n";
+    return 0;
+}
+
+void print_ids(const std::vector<int>& ids) {
+    for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+}
+
+int encode_jsonl(const ncnnport::BpeTokenizer& tok) {
+    std::string line;
+    for (size_t lineno = 1; std::getline(std::cin, line); ++lineno) {
+        const auto doc = nlohmann::json::parse(line, nullptr, false);
+        if (doc.is_discarded() || !doc.is_string()) {
+            std::cerr << "stdin line " << lineno << ": not a JSON string\n";
+            return 1;
+        }
+        std::cout << nlohmann::json(tok.encode(doc.get<std::string>())).dump() << "\n";
+    }
+    return 0;
+}
+
+int decode_stdin(const ncnnport::BpeTokenizer& tok, bool keep_special) {
+    std::vector<int> ids;
+    std::string word;
+    while (std::cin >> word) {
+        try {
+            size_t used = 0;
+            const long long v = std::stoll(word, &used);
+            if (used != word.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(word);
+            ids.push_back(static_cast<int>(v));
+        } catch (const std::exception&) {
+            std::cerr << "stdin: '" << word << "' is not a token id\n";
+            return 1;
+        }
+    }
+    std::cout << tok.decode(ids, !keep_special);
+    return 0;
+}
+
+int cmd_tokenize(const std::vector<std::string>& args) {
+    const auto tok = ncnnport::BpeTokenizer::from_file(args[0]);
+    if (args.size() == 2 && args[1] == "--jsonl") return encode_jsonl(tok);
+    if (args.size() >= 2 && args[1] == "--decode") {
+        if (args.size() > 3 || (args.size() == 3 && args[2] != "--keep-special")) return usage();
+        return decode_stdin(tok, args.size() == 3);
+    }
+    if (args.size() != 2) return usage();
+    print_ids(tok.encode(args[1]));
+    return 0;
+}
+
+int cmd_version() {
+#ifdef NCNNPORT_WITH_NCNN
+    std::cout << "ncnn " << ncnn_version() << "\n";
+    return 0;
+#else
+    std::cerr << "built without ncnn\n";
+    return 1;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    try {
+        if (args.size() == 2 && args[0] == "check") return cmd_check(args[1]);
+        if (args.size() >= 2 && args[0] == "tokenize")
+            return cmd_tokenize(std::vector<std::string>(args.begin() + 1, args.end()));
+        if (args.size() == 1 && args[0] == "version") return cmd_version();
+        return usage();
+    } catch (const ncnnport::TokenizerError& e) {
+        std::cerr << e.what() << "\n";
+    } catch (const ncnnport::IoError& e) {
+        std::cerr << e.what() << "\n";
+    } catch (const std::exception& e) {
+        std::cerr << "ncnnport-cpp: " << e.what() << "\n";
+    }
+    return 1;
+}
