@@ -100,7 +100,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
             prep = prepare(t)
             pkg = convert_stage(prep, force=args.force)
             if args.stream:
-                from ncnnport.parity.run import run_streamed_parity
+                from ncnnport.drivers.parity import run_streamed_parity
                 summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
             else:
                 summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep)
@@ -183,7 +183,7 @@ def _check_jobs(args: argparse.Namespace) -> list[tuple[Path, list[str] | None]]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ncnnport.convert.manifest import MANIFEST, check_package, load_manifest
+    from ncnnport.package.manifest import MANIFEST, check_package, load_manifest
     bad = 0
     for folder, expected in _check_jobs(args):
         if Path(folder).is_file():
@@ -203,9 +203,9 @@ def _stage_list(text: str | None) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ncnnport.runtime.bench_cli import run_bench, run_interleave, write_json
+    from ncnnport.drivers.bench import run_bench, run_interleave, write_json
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.torch_ratio import huge_pages_malloc, torch_ratio_table
+    from ncnnport.drivers.torch_ratio import huge_pages_malloc, torch_ratio_table
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
@@ -244,8 +244,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_package(args: argparse.Namespace) -> int:
-    from ncnnport.runtime.bench_cli import write_json
-    from ncnnport.runtime.package_bench import bench_package
+    from ncnnport.drivers.bench import write_json
+    from ncnnport.drivers.package_bench import bench_package
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rows = bench_package(args.package, backends, args.threads, args.warmup, args.runs,
                          [m for m in args.modules.split(",")] if args.modules else None)

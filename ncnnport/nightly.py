@@ -20,9 +20,9 @@ MAX_RSS_GROWTH_MB = 16.0
 
 def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), sweep_options: bool = True) -> dict:
     """fp32 parity plus, optionally, the option sweep (each variant judged by its own budget)."""
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
     from ncnnport.parity.sweep import sweep
-    from ncnnport.runtime.bench_cli import vulkan_available
+    from ncnnport.drivers.bench import vulkan_available
     from ncnnport.stages import convert_stage
 
     summary = run_parity(prep, package, user_inputs=user_inputs)
@@ -45,7 +45,7 @@ def drift_exceeds(r: dict[str, Any]) -> bool:
 
 def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[str, Any]:
     """Interleave every bench stage at its first size for ``rounds`` rounds; judge each."""
-    from ncnnport.runtime.bench_cli import run_interleave
+    from ncnnport.drivers.bench import run_interleave
 
     stages = prep.port.bench_stages()
     if not stages:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ncnnport.contract import ModuleSpec
-from ncnnport.convert.manifest import check_package, tool_versions, write_manifest  # noqa: F401
+from ncnnport.package.manifest import check_package, tool_versions, write_manifest  # noqa: F401
 from ncnnport.convert.pnnx_runner import convert_module
 from ncnnport.export.tracing import export_module
 from ncnnport.fsutil import build_lock, read_json, sha256_file, sha256_json, write_json

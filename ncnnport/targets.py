@@ -16,7 +16,7 @@ from pathlib import Path
 from ncnnport.registry import KNOWN_MODELS
 
 DEFAULT_BUILD_ROOT = Path("build")
-GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.contract", "ncnnport.lazy_weights")
+GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.package", "ncnnport.contract", "ncnnport.lazy_weights")
 
 
 @dataclass(frozen=True)

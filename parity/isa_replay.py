@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 from ncnnport.parity.policy import Policy
 from ncnnport.parity.sweep import variants
 

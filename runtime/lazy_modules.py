@@ -86,7 +86,7 @@ class LazyModules(_Resident):
 
     def __init__(self, package: Path, options: RuntimeOptions = FP32,
                  names: Sequence[str] | None = None, *, _specs: Mapping[str, Any] | None = None) -> None:
-        from ncnnport.convert.manifest import check_package
+        from ncnnport.package.manifest import check_package
         from ncnnport.fsutil import read_json
 
         self.package = Path(package)

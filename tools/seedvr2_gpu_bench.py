@@ -8,7 +8,7 @@ bench stage factories' (``models/seedvr2/bench.py``: ``ncnn_call`` through the p
 and inputs moved to the GPU (:func:`torch_device_call`, TF32 off: a true fp32 reference).
 
 Parity columns: every backend's outputs vs the torch fp32 CPU outputs on the same inputs (worst
-over the stage's outputs): cosine and max_abs / max|ref| (``ncnnport.parity.metrics.compare``).
+over the stage's outputs): cosine and max_abs / max|ref| (``ncnnport.metrics.compare``).
 
 Notes on what the numbers include: ncnn calls take numpy in and out (host<->GPU copies inside
 every Vulkan call); torch CUDA keeps inputs and outputs on the GPU and synchronises per call.
@@ -77,7 +77,7 @@ def parity(ref: list[np.ndarray], outs: list[np.ndarray]) -> tuple[float, float,
     """Worst (cosine, max_abs / max|ref|) over the outputs and the count of NaN/Inf values (any
     makes the cosine NaN and the error inf); a candidate with the reference's element count is
     reshaped to it (ncnn keeps a leading batch axis the torch block has not)."""
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
 
     if len(ref) != len(outs):
         raise ValueError(f"{len(outs)} outputs vs {len(ref)} in the reference")

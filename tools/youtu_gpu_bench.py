@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ncnnport.parity.metrics import compare
+from ncnnport.metrics import compare
 from ncnnport.runtime.options import RuntimeOptions
-from ncnnport.runtime.torch_ratio import median_ms
+from ncnnport.drivers.torch_ratio import median_ms
 from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
 from ncnnport.targets import Target
 

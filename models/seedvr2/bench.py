@@ -158,7 +158,7 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from ncnnport.runtime.options import RuntimeOptions
-    from ncnnport.runtime.torch_ratio import read_bandwidth
+    from ncnnport.drivers.torch_ratio import read_bandwidth
     from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
     from ncnnport.targets import Target
 

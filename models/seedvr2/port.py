@@ -427,7 +427,7 @@ class SeedVR2Port(ModelPort):
         each vs the torch fp32 frames and vs the ncnn fp32 frames, judged by the frames gate of
         the option's own precision mode. The option sweep keeps one worst number per option;
         these records keep the frame metrics (MAE, PSNR, max diff, differing bytes) per option."""
-        from ncnnport.convert.manifest import check_package
+        from ncnnport.package.manifest import check_package
         from ncnnport.models.seedvr2.pipeline import restore
         from ncnnport.parity.sweep import variants
         from ncnnport.runtime.lazy_modules import LazyModules

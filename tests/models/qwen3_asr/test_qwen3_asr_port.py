@@ -27,7 +27,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def summary(built):
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
     prep, pkg = built
     return run_parity(prep, pkg)
 
@@ -70,7 +70,7 @@ def test_windows_and_log_mel_are_measured(summary):
 def test_manifest_records_versions_commands_and_check_catches_tampering(built, tmp_path):
     import shutil
 
-    from ncnnport.convert.manifest import check_package
+    from ncnnport.package.manifest import check_package
     from ncnnport.stages import open_ncnn_modules
 
     _, pkg = built
@@ -258,7 +258,7 @@ def test_parity_cli_takes_the_users_own_audio(built, tmp_path):
 def test_decode_graph_reads_the_cache_in_place_and_returns_only_the_new_rows(built):
     """No Concat copying the past, K/V read straight from the graph inputs by MatMul, projections
     as InnerProduct (2-D hidden: the layer that keeps fp16 weights), no pnnx leftovers."""
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     _, pkg = built
     graph = read_param(pkg / "ncnn" / "decode_layer0.ncnn.param")

@@ -23,7 +23,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def summary(built):
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
 
     prep, pkg = built
     return run_parity(prep, pkg)
@@ -66,7 +66,7 @@ def test_e2e_covers_resolutions_windows_and_video(summary) -> None:
 
 
 def test_converted_graphs_are_stock_and_batch_axis_safe(built) -> None:
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     _, pkg = built
     params = sorted((pkg / "ncnn").glob("*.ncnn.param"))
@@ -229,7 +229,7 @@ def test_cli_run_hands_the_port_a_lazy_mapping(built, tmp_path, monkeypatch) -> 
 
 def test_precision_flag_runs_reduced_storage_within_its_frame_budget(built, tmp_path) -> None:
     from ncnnport.models.seedvr2.port import PORT, image_rows, precision_options
-    from ncnnport.parity.metrics import compare, judge
+    from ncnnport.metrics import compare, judge
     from ncnnport.runtime.lazy_modules import LazyModules
 
     prep, pkg = built

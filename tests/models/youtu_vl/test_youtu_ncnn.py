@@ -59,7 +59,7 @@ def test_masked_vision_tower_graph(tiny, tmp_path):
     from ncnnport.models.youtu_vl.pipeline import VISION, vision_inputs
     from ncnnport.models.youtu_vl.processor import process_image
     from ncnnport.models.youtu_vl.specs import module_specs
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
     from ncnnport.runtime.session import NcnnModule
 
     vl, _ = tiny

@@ -164,7 +164,7 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
 
 # --- bench hooks ------------------------------------------------------------------------------
 def test_bench_stages_and_calls(built, modules):
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
 
     prep, _ = built
     ncnn_mods, _ = modules
