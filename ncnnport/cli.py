@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ncnnport.registry import available_models, get_port, model_names
-from ncnnport.targets import DEFAULT_BUILD_ROOT, Target
+from ncnnport.paths import DEFAULT_BUILD_ROOT
+from ncnnport.targets import Target
 
 VERBS = ("export", "convert", "parity", "report", "run", "check", "test")
 
@@ -260,6 +261,25 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return run_nightly(_targets(args), args.build_dir / "nightly")
 
 
+def cmd_isa_replay(args: argparse.Namespace) -> int:
+    """``dump``: a model's torch reference cases (native, needs torch); ``replay``: every sweep
+    variant on dumped cases with ncnn and numpy only (runs under an emulated CPU)."""
+    if args.step == "dump":
+        from ncnnport.drivers.isa_replay import dump_cases
+        from ncnnport.stages import prepare
+        print(f"{dump_cases(prepare(Target(args.model)), args.cases)} cases in {args.cases}")
+        return 0
+    from ncnnport.parity.isa_replay import INDEX, replay, replay_table
+    from ncnnport.parity.policy import Policy
+    for path in (args.package / "manifest.json", args.cases / INDEX, args.policy):
+        if not path.is_file():
+            say(f"ncnnport isa-replay: error: {path} not found", sys.stderr)
+            return 2
+    rows = replay(args.package, args.cases, Policy.load(args.policy))
+    print(replay_table(rows))
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
 def seeded_note(t: Target) -> str | None:
     """The one line ``run`` prints when it runs seeded weights: their output is filler."""
     if t.ckpt is not None:
@@ -271,7 +291,8 @@ def seeded_note(t: Target) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the port; ``args`` holds the generic options and the model's own (one parser, so
     ``ncnnport run MODEL --help`` lists both)."""
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     port = get_port(args.model)
     margs = args
     port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
@@ -358,6 +379,16 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                         "memory after each call: peak = the largest such graph, not their sum; slower")
     if run_model is not None:
         get_port(run_model).add_run_arguments(p.add_argument_group(f"{run_model} options"))
+    p = sub.add_parser("isa-replay", help="local parity of every sweep variant replayed on another ISA path "
+                                           "(e.g. under qemu) from dumped torch cases")
+    steps = p.add_subparsers(dest="step", required=True)
+    d = steps.add_parser("dump", help="torch reference cases of a model's tiny preset (native, needs torch)")
+    d.add_argument("model")
+    d.add_argument("cases", type=Path)
+    r = steps.add_parser("replay", help="every sweep variant on the dumped cases (ncnn + numpy only)")
+    r.add_argument("package", type=Path)
+    r.add_argument("cases", type=Path)
+    r.add_argument("policy", type=Path)
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")
     return parser
 
@@ -398,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_test(args, extra)
     handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity, "run": cmd_run,
                "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
-               "nightly": cmd_nightly, "bench-package": cmd_bench_package}[args.verb]
+               "nightly": cmd_nightly, "bench-package": cmd_bench_package,
+               "isa-replay": cmd_isa_replay}[args.verb]
     from ncnnport.convert.pnnx_runner import Terminated
     try:
         return handler(args)

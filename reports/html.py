@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from ncnnport.reports.summary import module_rollup
+from ncnnport.reports.rollup import module_rollup
 from ncnnport.reports.svg import line_chart
 
 

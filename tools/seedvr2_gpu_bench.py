@@ -260,7 +260,8 @@ def main() -> int:
     import torch
 
     from ncnnport.runtime.options import RuntimeOptions
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     from ncnnport.targets import Target
 
     preset, layers = os.environ.get("PRESET", "real"), int(os.environ.get("LAYERS", "2"))

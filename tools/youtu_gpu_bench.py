@@ -19,7 +19,8 @@ import torch
 from ncnnport.metrics import compare
 from ncnnport.runtime.options import RuntimeOptions
 from ncnnport.drivers.torch_ratio import median_ms
-from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+from ncnnport.stages import convert_stage, prepare
+from ncnnport.runtime.lazy_modules import open_ncnn_modules
 from ncnnport.targets import Target
 
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="youtu_gpu_"))

@@ -5,19 +5,13 @@ with fixed inputs, so repeated calls must return bit-identical outputs. The torc
 the fp32 reference (``dit.py`` / ``vae.py``) on the same work, built from the model's views, so
 a lazy real-width model materialises only what the stage needs (block 0, not every block).
 
-``python -m ncnnport.models.seedvr2.bench --preset real --layers 2`` times ncnn and torch
-INTERLEAVED call by call in one process (torch, ncnn, torch, ...), so load from other jobs on a
-shared machine hits both alike; ``ncnnport bench seedvr2 --perf`` gives the generic table (the
-two runtimes timed one after the other, with the memory-bandwidth bound).
+``ncnnport bench seedvr2 --preset real --layers 2 --perf`` times these stages on ncnn and torch
+eager (the memory-bandwidth bound beside them).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
@@ -135,69 +129,3 @@ def stage_bytes(model: Any, stage: str) -> dict[str, int] | None:
     names = {"dit_block": list(block_names(0)), "vae_encode": ["vae_encode"],
              "vae_decode": decode_stage_names(model.config), "dit": [n for n in w if n.startswith("dit_")]}
     return {"weights": sum(w[n] for n in names[stage])} if stage in names else None
-
-
-# --- interleaved ncnn vs torch ------------------------------------------------------------------
-def interleaved(calls: Mapping[str, Call], warmup: int, runs: int) -> dict[str, list[float]]:
-    """Milliseconds per call of every runtime, alternating call by call (round-robin)."""
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(runs):
-        for name, call in calls.items():
-            t = time.perf_counter()
-            call()
-            times[name].append((time.perf_counter() - t) * 1e3)
-    return times
-
-
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ncnnport.runtime.options import RuntimeOptions
-    from ncnnport.drivers.torch_ratio import read_bandwidth
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
-    from ncnnport.targets import Target
-
-    p = argparse.ArgumentParser(description="SeedVR2 ncnn vs torch eager, interleaved call by call")
-    p.add_argument("--preset", default="real")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--stages", default=",".join(PERF_STAGES))
-    p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--runs", type=int, default=5)
-    args = p.parse_args(argv)
-
-    import torch
-
-    torch.set_num_threads(args.threads)
-    prep = prepare(Target("seedvr2", args.preset, None, layers=args.layers))
-    pkg = convert_stage(prep)
-    model = prep.loaded.reference
-    modules = open_ncnn_modules(pkg, options=RuntimeOptions(num_threads=args.threads))
-    backend, _ = prep.port.graph_backend(prep.loaded, modules)
-    bw = read_bandwidth()["read_gbps"]
-    print(f"\n## seedvr2 {prep.target.source}: ncnn vs torch eager, interleaved, threads={args.threads}, "
-          f"warmup={args.warmup}, runs={args.runs}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '-')}")
-    print(f"read bandwidth {bw:.1f} GB/s; load average before: {_load()}\n")
-    print("| stage | size | torch median (ms) | ncnn median (ms) | torch/ncnn | torch min | ncnn min "
-          "| weight MB | load avg after |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for stage in args.stages.split(","):
-        for size in args.sizes.split(","):
-            calls = {"torch": torch_call(model, stage, size), "ncnn": ncnn_call(model, backend, stage, size)}
-            t = interleaved(calls, args.warmup, args.runs)
-            tm, nm = statistics.median(t["torch"]), statistics.median(t["ncnn"])
-            wb = (stage_bytes(model, stage) or {}).get("weights", 0)
-            print(f"| {stage} | {size} | {tm:.1f} | {nm:.1f} | {tm / nm:.2f}x | {min(t['torch']):.1f} | "
-                  f"{min(t['ncnn']):.1f} | {wb / 2**20:.0f} | {_load()} |", flush=True)
-            del calls
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

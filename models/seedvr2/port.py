@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ncnnport.contract import Tolerance
+from ncnnport.models.seedvr2.frames import image_rows, image_stats
 from ncnnport.parity.records import stage_record
 from ncnnport.registry import E2EContext, LoadedModel, ModelPort
 
@@ -161,24 +162,6 @@ def write_frames(frames: np.ndarray, out: Path, single: bool) -> list[Path]:
     return paths
 
 
-def image_rows(frames: np.ndarray) -> np.ndarray:
-    """uint8 (T, H, W, 3) -> float32 (T*H, W*3): the worst-row cosine then runs over image rows,
-    not over single RGB triplets (one pixel 1 level off on a black pixel is cosine 0 there)."""
-    t, h, w, c = frames.shape
-    return frames.reshape(t * h, w * c).astype(np.float32)
-
-
-def psnr(ref: np.ndarray, cand: np.ndarray) -> float:
-    mse = float(np.mean((ref.astype(np.float64) - cand.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else float(10.0 * np.log10(255.0 ** 2 / mse))
-
-
-def image_stats(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
-    d = np.abs(ref.astype(np.int16) - cand.astype(np.int16))
-    return {"image_max_abs": int(d.max()), "image_mae": float(d.mean()), "psnr_db": psnr(ref, cand),
-            "differing_bytes": int((d > 0).sum()), "total_bytes": int(d.size)}
-
-
 def official_record(label: str, official: np.ndarray, ncnn: np.ndarray, tol: Tolerance,
                     geo: dict[str, Any]) -> dict[str, Any]:
     """"ncnn fp32 vs official-as-shipped": the port's frames against the official numerics
@@ -260,7 +243,7 @@ class SeedVR2Port(ModelPort):
         from ncnnport.models.seedvr2.config import PRESETS
         from ncnnport.models.seedvr2.pth import safetensors_folder
         from ncnnport.models.seedvr2.seeded import REAL_SEED
-        from ncnnport.targets import DEFAULT_BUILD_ROOT
+        from ncnnport.paths import DEFAULT_BUILD_ROOT
 
         if ckpt is not None:
             # official .pth weights are converted once into the build folder (pth.py), then

@@ -11,6 +11,7 @@ reference tower + merger, and transformers' ``YoutuForCausalLM`` on one token at
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -33,6 +34,9 @@ PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100"
                                      "layers_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
 FP16_SUFFIX = "_fp16"  # the stage on the ``decode`` graph variants with fp16 InnerProduct weights
+
+# the model's tolerance policy (beside this file, as ModelPort.policy_path finds it)
+POLICY = Path(__file__).with_name("policy.json")
 
 
 def base_stage(stage: str) -> str:
@@ -132,11 +136,10 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
 
 
 def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
-    from ncnnport.models.youtu_vl.port import PORT
     from ncnnport.parity.policy import Policy
     from ncnnport.runtime.bench import print_fidelity
 
-    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(PORT.policy_path).default("fp16"))
+    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(POLICY).default("fp16"))
 
 
 def torch_call(vl: Any, stage: str, size: str) -> Call | None:

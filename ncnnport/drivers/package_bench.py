@@ -39,7 +39,7 @@ def spec_inputs(spec: dict[str, Any], which: int = 1, seed: int = 0) -> list[np.
 def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warmup: int = 3,
                   runs: int = 20, modules: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from ncnnport.drivers.bench import backend_options, vulkan_available
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     specs = {p.name[:-len(".spec.json")]: read_json(p) for p in sorted((package / "specs").glob("*.spec.json"))}
     names = list(modules) if modules else list(specs)

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 def converted(built):
     """Every module of the session's converted package (conftest ``built``), ncnn and torch."""
     from ncnnport.fsutil import read_json
-    from ncnnport.stages import open_ncnn_modules, torch_modules
+    from ncnnport.stages import torch_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     receipts = {c["module"]: c for c in read_json(pkg / "manifest.json")["pnnx_commands"]}
