@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ncnnport.registry import available_models, get_port, model_names
 from ncnnport.paths import DEFAULT_BUILD_ROOT
+from ncnnport.registry import available_models, get_port, model_names
 from ncnnport.targets import Target
-
-VERBS = ("export", "convert", "parity", "report", "run", "check", "test")
 
 
 def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:

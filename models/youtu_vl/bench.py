@@ -29,7 +29,7 @@ STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), 
 # `make bench-perf MODEL=youtu-vl`: the LLM layers alone (the per-layer decode speed targets), a
 # whole token (layers + the 283386 x 2560 tied head, which dominates at real size), the same two on
 # the decode variants with fp16 weights (ratio still vs torch fp32), and the vision encoder at the
-# issue's two image sizes.
+# speed targets' two image sizes.
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
                                      "layers_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
