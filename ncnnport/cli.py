@@ -212,6 +212,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for t in _targets(args):
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
+        if args.perf and (args.torch_device or backends != ["cpu"]):  # runtimes side by side, with parity
+            res = {"devices": _device_perf(args, prep, pkg, backends, sizes)}
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-devices.json"
+            write_json(path, res)
+            print(f"json: {path}")
+            out[t.model] = res
+            continue
         if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
             perf = prep.port.bench_perf_stages()
             stages = _stage_list(args.stage) or list(perf)
@@ -240,6 +247,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"json: {path}")
         out[t.model] = res
     return 0
+
+
+def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[str],
+                 sizes: list[str] | None) -> list[dict[str, Any]]:
+    """``bench --perf`` with ``--torch-device`` or a non-CPU backend: every runtime's row."""
+    from ncnnport.drivers.device_bench import device_table
+    perf = prep.port.bench_perf_stages()
+    stages = _stage_list(args.stage) or list(perf)
+    devices = _stage_list(args.torch_device)
+    print(f"\n## bench --perf {prep.target.model} ({prep.target.source}): torch cpu{''.join(',' + d for d in devices)} "
+          f"vs ncnn {','.join(backends)}, threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
+    return device_table(prep, pkg, stages, sizes, backends, devices, args.threads, args.warmup, args.runs,
+                        stage_sizes={**prep.port.bench_stages(), **perf})
 
 
 def cmd_bench_package(args: argparse.Namespace) -> int:
@@ -352,7 +372,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
     p.add_argument("--perf", action="store_true",
-                   help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf)")
+                   help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf); "
+                        "with --torch-device or a non-cpu backend: one row per runtime with parity vs torch cpu")
+    p.add_argument("--torch-device", default=None, metavar="DEV[,DEV]",
+                   help="with --perf: also time PyTorch eager on these torch devices (e.g. cuda)")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

@@ -70,14 +70,17 @@ def ncnn_call(model: Any, backend: Any, stage: str, size: str) -> Call:
     return lambda: list(backend.block(0, vid, tx, emb6, plan, cos_t, sin_t))
 
 
-def torch_call(model: Any, stage: str, size: str) -> Call:
+def torch_call(model: Any, stage: str, size: str, device: str = "cpu") -> Call:
     """The fp32 reference on the same work, from views: ``vae_encode`` holds the encoder only,
-    ``dit_block`` block 0 plus the input/embedding layers that make its inputs."""
+    ``dit_block`` block 0 plus the input/embedding layers that make its inputs. On another
+    ``device`` (``bench --torch-device cuda``) the same views and inputs run there."""
     import torch
 
     from ncnnport.models.seedvr2.mmrope import text_positions
 
     _check(stage)
+    if device != "cpu":
+        return _device_call(model, stage, size, torch.device(device))
     cfg = model.config
     x, cond, z = bench_inputs(cfg, size)
     txt = model.text.numpy()
@@ -129,3 +132,58 @@ def stage_bytes(model: Any, stage: str) -> dict[str, int] | None:
     names = {"dit_block": list(block_names(0)), "vae_encode": ["vae_encode"],
              "vae_decode": decode_stage_names(model.config), "dit": [n for n in w if n.startswith("dit_")]}
     return {"weights": sum(w[n] for n in names[stage])} if stage in names else None
+
+
+def _device_call(model: Any, stage: str, size: str, dev: Any) -> Call:
+    """``torch_call``'s work on ``dev``: copies of the stage's views with the weights, inputs,
+    window indices and RoPE tables moved there (the window plan and tables are computed on the
+    CPU first: ``MMRoPE3d.tables`` builds CPU constants; a view of a built model is the model's
+    own submodule, so it is copied, never moved in place). TF32 stays off so the device runs
+    true fp32; each call synchronises and returns numpy."""
+    import copy
+
+    import torch
+
+    from ncnnport.models.seedvr2.dit import WindowPlan
+    from ncnnport.models.seedvr2.mmrope import text_positions
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = model.config
+    x, cond, z = bench_inputs(cfg, size)
+
+    def finish(outs: Any) -> list[np.ndarray]:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return [o.float().cpu().numpy() for o in outs]
+
+    if stage in ("vae_encode", "vae_decode"):
+        part = "encoder" if stage == "vae_encode" else "decoder"
+        vae = copy.deepcopy(model.view("vae", [part]))
+        getattr(vae, part).to(dev)
+        arg = torch.from_numpy(x if stage == "vae_encode" else z).to(dev)
+
+        def vae_call() -> list[np.ndarray]:
+            with torch.inference_mode():
+                return finish(vae.encode_moments(arg) if stage == "vae_encode" else [vae.decode(arg)])
+        return vae_call
+    if stage != "dit_block":
+        raise NotImplementedError(f"model seedvr2: bench stage {stage!r} has no torch call on {dev}")
+    dit = model.view("dit", ["vid_in", "txt_in", "emb_in"])
+    cpu_block = model.part("dit.blocks.0")
+    T, H, W, _ = cond.shape
+    grid, L = (T, H // 2, W // 2), model.text.shape[0]
+    with torch.inference_mode():
+        v, t = dit.embed_inputs(torch.from_numpy(cond), model.text)
+        emb = dit.emb_in(cfg.timestep)
+        rope = cpu_block.attn.rope
+        plan = dit.window_plan(grid, cpu_block.shifted, L, rope)
+        tc, ts = rope.tables(torch.from_numpy(text_positions(L)))
+    block = copy.deepcopy(cpu_block).to(dev)
+    v, t, emb, tc, ts = (a.to(dev) for a in (v, t, emb, tc, ts))
+    plan = WindowPlan([i.to(dev) for i in plan.index], [c.to(dev) for c in plan.cos], [s.to(dev) for s in plan.sin])
+
+    def block_call() -> list[np.ndarray]:
+        with torch.inference_mode():
+            return finish(block(v, t, emb, plan, tc, ts))
+    return block_call

@@ -459,10 +459,10 @@ class SeedVR2Port(ModelPort):
 
         return ncnn_call(loaded.reference, self.graph_backend(loaded, modules)[0], stage, size)
 
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str, device: str = "cpu") -> Any:
         from ncnnport.models.seedvr2.bench import torch_call
 
-        return torch_call(loaded.reference, stage, size)
+        return torch_call(loaded.reference, stage, size, device)
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:

@@ -138,10 +138,10 @@ class YoutuVLPort(ModelPort):
 
         return ncnn_call(loaded.reference, modules, stage, size)
 
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str, device: str = "cpu") -> Any:
         from ncnnport.models.youtu_vl.bench import torch_call
 
-        return torch_call(loaded.reference, stage, size)
+        return torch_call(loaded.reference, stage, size, device)
 
     def bench_perf_stages(self) -> dict[str, list[str]]:
         from ncnnport.models.youtu_vl.bench import PERF_STAGES
