@@ -6,7 +6,7 @@ import re
 from typing import Sequence
 
 from ncnnport.contract import ParamPatch
-from ncnnport.convert.param_file import ParamError, ParamGraph
+from ncnnport.package.param_file import ParamError, ParamGraph
 
 
 def apply_patches(graph: ParamGraph, patches: Sequence[ParamPatch], *, module: str) -> list[dict]:

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 
 from ncnnport.contract import (patches_from_json, tensor_specs_from_json, variant_param_name,
                                variants_from_json)
-from ncnnport.convert.param_file import ParamError, check_loadable, read_param
+from ncnnport.package.param_file import ParamError, check_loadable, read_param
 from ncnnport.convert.patches import apply_patches
 from ncnnport.convert.rewrites import apply_rewrites
 

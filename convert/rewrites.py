@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ncnnport.convert.param_file import ParamError, ParamGraph, ParamLayer
+from ncnnport.package.param_file import ParamError, ParamGraph, ParamLayer
 
 # Gemm params (ncnn): 0 alpha, 1 beta, 2 transA, 3 transB, 4 constantA, 5 constantB, 6 constantC,
 # 7 constantM, 8 constantN, 9 constantK, 10 constant_broadcast_type_C, 11 output_N1M,

@@ -15,7 +15,7 @@ import numpy as np
 
 from ncnnport.contract import ModuleSpec
 from ncnnport.fsutil import write_json
-from ncnnport.parity.metrics import compare
+from ncnnport.metrics import compare
 
 
 class ExportError(RuntimeError):

@@ -152,9 +152,19 @@ class KitPort(ModelPort):
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
         return self._own(self.bench_module).ncnn_call(loaded.reference, modules, stage, size)
 
-    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
+    def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str, device: str = "cpu") -> Any:
+        """The bench module's ``torch_call``; a torch device other than the CPU is passed on only
+        to bench modules whose ``torch_call`` takes one (``bench --torch-device``)."""
+        import inspect
+
         call = getattr(self._own(self.bench_module), "torch_call", None)
-        return None if call is None else call(loaded.reference, stage, size)
+        if call is None:
+            return None
+        if device == "cpu":
+            return call(loaded.reference, stage, size)
+        if "device" not in inspect.signature(call).parameters:
+            raise ValueError(f"{self.name}: its torch bench runs on the CPU only (no --torch-device {device})")
+        return call(loaded.reference, stage, size, device=device)
 
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
         fn = getattr(self._own(self.bench_module), "stage_bytes", None)

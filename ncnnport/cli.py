@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from ncnnport.paths import DEFAULT_BUILD_ROOT
 from ncnnport.registry import available_models, get_port, model_names
-from ncnnport.targets import DEFAULT_BUILD_ROOT, Target
-
-VERBS = ("export", "convert", "parity", "report", "run", "check", "test")
+from ncnnport.targets import Target
 
 
 def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
@@ -110,7 +109,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
             prep = prepare(t)
             pkg = convert_stage(prep, force=args.force)
             if args.stream:
-                from ncnnport.parity.run import run_streamed_parity
+                from ncnnport.drivers.parity import run_streamed_parity
                 summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
             else:
                 summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep,
@@ -194,7 +193,7 @@ def _check_jobs(args: argparse.Namespace) -> list[tuple[Path, list[str] | None]]
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ncnnport.convert.manifest import MANIFEST, check_package, load_manifest
+    from ncnnport.package.manifest import MANIFEST, check_package, load_manifest
     bad = 0
     for folder, expected in _check_jobs(args):
         if Path(folder).is_file():
@@ -214,9 +213,9 @@ def _stage_list(text: str | None) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ncnnport.runtime.bench_cli import run_bench, run_interleave, write_json
+    from ncnnport.drivers.bench import run_bench, run_interleave, write_json
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.torch_ratio import huge_pages_malloc, torch_ratio_table
+    from ncnnport.drivers.torch_ratio import huge_pages_malloc, torch_ratio_table
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
@@ -224,6 +223,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for t in _targets(args):
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force)
+        if args.perf and (args.torch_device or backends != ["cpu"]):  # runtimes side by side, with parity
+            res = {"devices": _device_perf(args, prep, pkg, backends, sizes)}
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-devices.json"
+            write_json(path, res)
+            print(f"json: {path}")
+            out[t.model] = res
+            continue
         if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
             perf = prep.port.bench_perf_stages()
             stages = _stage_list(args.stage) or list(perf)
@@ -254,9 +260,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[str],
+                 sizes: list[str] | None) -> list[dict[str, Any]]:
+    """``bench --perf`` with ``--torch-device`` or a non-CPU backend: every runtime's row."""
+    from ncnnport.drivers.device_bench import device_table
+    perf = prep.port.bench_perf_stages()
+    stages = _stage_list(args.stage) or list(perf)
+    devices = _stage_list(args.torch_device)
+    print(f"\n## bench --perf {prep.target.model} ({prep.target.source}): torch cpu{''.join(',' + d for d in devices)} "
+          f"vs ncnn {','.join(backends)}, threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
+    return device_table(prep, pkg, stages, sizes, backends, devices, args.threads, args.warmup, args.runs,
+                        stage_sizes={**prep.port.bench_stages(), **perf})
+
+
 def cmd_bench_package(args: argparse.Namespace) -> int:
-    from ncnnport.runtime.bench_cli import write_json
-    from ncnnport.runtime.package_bench import bench_package
+    from ncnnport.drivers.bench import write_json
+    from ncnnport.drivers.package_bench import bench_package
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     rows = bench_package(args.package, backends, args.threads, args.warmup, args.runs,
                          [m for m in args.modules.split(",")] if args.modules else None)
@@ -271,6 +290,25 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return run_nightly(_targets(args), args.build_dir / "nightly")
 
 
+def cmd_isa_replay(args: argparse.Namespace) -> int:
+    """``dump``: a model's torch reference cases (native, needs torch); ``replay``: every sweep
+    variant on dumped cases with ncnn and numpy only (runs under an emulated CPU)."""
+    if args.step == "dump":
+        from ncnnport.drivers.isa_replay import dump_cases
+        from ncnnport.stages import prepare
+        print(f"{dump_cases(prepare(Target(args.model)), args.cases)} cases in {args.cases}")
+        return 0
+    from ncnnport.parity.isa_replay import INDEX, replay, replay_table
+    from ncnnport.parity.policy import Policy
+    for path in (args.package / "manifest.json", args.cases / INDEX, args.policy):
+        if not path.is_file():
+            say(f"ncnnport isa-replay: error: {path} not found", sys.stderr)
+            return 2
+    rows = replay(args.package, args.cases, Policy.load(args.policy))
+    print(replay_table(rows))
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
 def seeded_note(t: Target) -> str | None:
     """The one line ``run`` prints when it runs seeded weights: their output is filler."""
     if t.ckpt is not None:
@@ -282,7 +320,8 @@ def seeded_note(t: Target) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the port; ``args`` holds the generic options and the model's own (one parser, so
     ``ncnnport run MODEL --help`` lists both)."""
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     port = get_port(args.model)
     margs = args
     port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
@@ -347,7 +386,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
     p.add_argument("--perf", action="store_true",
-                   help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf)")
+                   help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf); "
+                        "with --torch-device or a non-cpu backend: one row per runtime with parity vs torch cpu")
+    p.add_argument("--torch-device", default=None, metavar="DEV[,DEV]",
+                   help="with --perf: also time PyTorch eager on these torch devices (e.g. cuda)")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)
@@ -373,6 +415,16 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     _precision_option(p)
     if run_model is not None:
         get_port(run_model).add_run_arguments(p.add_argument_group(f"{run_model} options"))
+    p = sub.add_parser("isa-replay", help="local parity of every sweep variant replayed on another ISA path "
+                                           "(e.g. under qemu) from dumped torch cases")
+    steps = p.add_subparsers(dest="step", required=True)
+    d = steps.add_parser("dump", help="torch reference cases of a model's tiny preset (native, needs torch)")
+    d.add_argument("model")
+    d.add_argument("cases", type=Path)
+    r = steps.add_parser("replay", help="every sweep variant on the dumped cases (ncnn + numpy only)")
+    r.add_argument("package", type=Path)
+    r.add_argument("cases", type=Path)
+    r.add_argument("policy", type=Path)
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")
     return parser
 
@@ -413,7 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_test(args, extra)
     handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity, "run": cmd_run,
                "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
-               "nightly": cmd_nightly, "bench-package": cmd_bench_package}[args.verb]
+               "nightly": cmd_nightly, "bench-package": cmd_bench_package,
+               "isa-replay": cmd_isa_replay}[args.verb]
     from ncnnport.convert.pnnx_runner import Terminated
     try:
         return handler(args)

@@ -255,9 +255,6 @@ class ModuleSpec:
                 raise ValueError(
                     f"module {self.name}, input {t.name}: shape {a.shape}, expected {t.concrete(sizes)}")
 
-    def tolerance_for(self, output: str, default: Tolerance) -> Tolerance:
-        return self.tolerances.get(output, self.tolerances.get("*", default))
-
     def to_json(self) -> dict[str, Any]:
         """The JSON record written beside the TorchScript file (everything but the callables)."""
         return {

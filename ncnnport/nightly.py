@@ -22,10 +22,10 @@ def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), swee
                 precision: str = "fp32") -> dict:
     """Parity under ``precision`` (runtime.precision; judged by its policy mode) plus, optionally,
     the option sweep (each variant judged by its own budget)."""
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
     from ncnnport.parity.sweep import sweep
     from ncnnport.runtime import precision as precisions
-    from ncnnport.runtime.bench_cli import vulkan_available
+    from ncnnport.drivers.bench import vulkan_available
     from ncnnport.stages import convert_stage
 
     setting = precisions.get(precision)
@@ -51,7 +51,7 @@ def drift_exceeds(r: dict[str, Any]) -> bool:
 
 def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[str, Any]:
     """Interleave every bench stage at its first size for ``rounds`` rounds; judge each."""
-    from ncnnport.runtime.bench_cli import run_interleave
+    from ncnnport.drivers.bench import run_interleave
 
     stages = prep.port.bench_stages()
     if not stages:

@@ -1,9 +1,12 @@
-"""Where ncnnport keeps files outside the build folder."""
+"""Where ncnnport keeps its files: the build folder's default root and the preset cache outside it."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+# artifacts of every command (``build/<model>/<tag>/``) unless ``--build-dir`` says otherwise
+DEFAULT_BUILD_ROOT = Path("build")
 
 
 def preset_cache_root() -> Path:

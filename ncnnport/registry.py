@@ -115,7 +115,8 @@ class ModelPort(ABC):
         raise NotImplementedError(f"model {self.name} has no bench stage {stage!r}")
 
     def torch_bench_call(self, loaded: LoadedModel, stage: str, size: str) -> Any:
-        """The PyTorch eager equivalent of a bench stage (for the speed ratio), or None."""
+        """The PyTorch eager equivalent of a bench stage (for the speed ratio), or None. A port
+        that also takes ``device: str`` runs it on that torch device (``bench --torch-device``)."""
         return None
 
     def bench_perf_stages(self) -> dict[str, list[str]]:

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ncnnport.contract import ModuleSpec
-from ncnnport.convert.manifest import check_package, tool_versions, write_manifest  # noqa: F401
+from ncnnport.package.manifest import check_package, tool_versions, write_manifest
 from ncnnport.convert.pnnx_runner import convert_module
 from ncnnport.export.tracing import export_module
 from ncnnport.fsutil import build_lock, read_json, sha256_file, sha256_json, write_json
 from ncnnport.parity.policy import Policy
 from ncnnport.registry import LoadedModel, ModelPort, get_port
-from ncnnport.runtime.options import FP32, RuntimeOptions
 from ncnnport.targets import Target, checkpoint_fingerprint, code_file_hashes, code_hash
 
 
@@ -548,20 +547,6 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
     tmp.rename(pkg)  # the package appears whole or not at all
     _record_stage(t, (["exported"] if records is not None else []) + [state_key], prep)  # streamed: no traces kept
     return pkg
-
-
-def open_ncnn_modules(package: Path, names: Sequence[str] | None = None,
-                      options: RuntimeOptions = FP32) -> dict[str, Any]:
-    """One NcnnModule per graph of a package (its own Net and options each)."""
-    from ncnnport.runtime.session import NcnnModule
-
-    problems = check_package(package)
-    if problems:
-        raise RuntimeError(f"package {package} does not match its manifest:\n  " + "\n  ".join(problems))
-    specs = {p.name[: -len(".spec.json")]: read_json(p) for p in sorted((package / "specs").glob("*.spec.json"))}
-    wanted = names if names is not None else list(specs)
-    return {n: NcnnModule(package / "ncnn" / f"{n}.ncnn.param", package / "ncnn" / f"{n}.ncnn.bin",
-                          specs[n], options) for n in wanted}
 
 
 def torch_modules(prep: Prepared) -> dict[str, Any]:

@@ -13,10 +13,10 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncnnport.paths import DEFAULT_BUILD_ROOT
 from ncnnport.registry import KNOWN_MODELS
 
-DEFAULT_BUILD_ROOT = Path("build")
-GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.contract", "ncnnport.lazy_weights")
+GENERIC_STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.package", "ncnnport.contract", "ncnnport.lazy_weights")
 
 
 @dataclass(frozen=True)

@@ -8,49 +8,27 @@ importing torch alone takes minutes. So the reference side is computed once, nat
 ncnn side runs anywhere on the dumped cases (``replay``: ncnn + numpy only), judged by the
 policy's budget of each variant's precision mode.
 
-    python -m ncnnport.parity.isa_replay dump qwen3-asr CASES            # native, needs torch
-    qemu-x86_64 -cpu Nehalem .venv/bin/python -m ncnnport.parity.isa_replay replay \\
+    ncnnport isa-replay dump qwen3-asr CASES            # native, needs torch
+    qemu-x86_64 -cpu Nehalem .venv/bin/ncnnport isa-replay replay \\
         build/qwen3-asr/tiny/package CASES models/qwen3_asr/policy.json
+
+The dump side lives with the other drivers (``ncnnport/drivers/isa_replay.py``): it needs a
+prepared model; this replay side needs only a package, the cases and a policy.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 from ncnnport.parity.policy import Policy
 from ncnnport.parity.sweep import variants
 
 INDEX = "cases.json"
-
-
-def dump_cases(prep: Any, out: Path) -> int:
-    """Write every module's parity-size inputs and torch outputs to ``out``; returns the count."""
-    from ncnnport.parity.reproducible import deterministic_reference
-    from ncnnport.runtime.lazy_modules import LazyTorchModules
-
-    out.mkdir(parents=True, exist_ok=True)
-    torch_mods = LazyTorchModules(prep.specs)
-    index = []
-    with deterministic_reference():
-        for spec in prep.specs:
-            for i, sizes in enumerate(spec.all_parity_sizes()):
-                inputs = spec.example_inputs(sizes, seed=i)  # local parity's own inputs and seeds
-                ref = torch_mods[spec.name].run(inputs)
-                name = f"{spec.name}.{i}.npz"
-                np.savez(out / name, **{f"in{k}": a for k, a in enumerate(inputs)},
-                         **{f"ref{k}": r for k, r in enumerate(ref)})
-                index.append({"file": name, "module": spec.name, "sizes": dict(sizes),
-                              "outputs": [{"name": o.name, "feature_axis": o.feature_axis} for o in spec.outputs]})
-            torch_mods.release(spec.name)
-    (out / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-    return len(index)
 
 
 def replay(package: Path, cases: Path, policy: Policy) -> list[dict[str, Any]]:
@@ -88,44 +66,16 @@ def replay(package: Path, cases: Path, policy: Policy) -> list[dict[str, Any]]:
     return rows
 
 
-def _print(rows: list[dict[str, Any]]) -> None:
+def replay_table(rows: list[dict[str, Any]]) -> str:
+    """The replay rows as a Markdown table under a line naming the machine (the ISA path)."""
     from ncnnport.runtime.machine import describe, machine_record
 
-    print(f"machine: {describe(machine_record())}")
-    print("| variant | mode | worst max_abs/max|ref| (budget) | min worst-row cosine (budget) | gates |")
-    print("|---|---|---|---|---|")
+    lines = [f"machine: {describe(machine_record())}",
+             "| variant | mode | worst max_abs/max|ref| (budget) | min worst-row cosine (budget) | gates |",
+             "|---|---|---|---|---|"]
     for r in rows:
         b = r["budget"]
-        print(f"| {r['variant']} | {r['precision']} | {r['worst_rel_max_abs']:.3e} ({b['max_abs_rel']:.2e}) | "
-              f"{r['min_worst_row_cosine']:.7f} ({b['min_cosine']:.7f}) | "
-              f"{'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])} |")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ncnnport.parity.isa_replay", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("dump", help="torch reference cases of a model's tiny preset (native)")
-    d.add_argument("model")
-    d.add_argument("cases", type=Path)
-    r = sub.add_parser("replay", help="every sweep variant on the dumped cases (ncnn + numpy only)")
-    r.add_argument("package", type=Path)
-    r.add_argument("cases", type=Path)
-    r.add_argument("policy", type=Path)
-    args = p.parse_args(argv)
-    if args.cmd == "dump":
-        from ncnnport.stages import prepare
-        from ncnnport.targets import Target
-
-        print(f"{dump_cases(prepare(Target(args.model)), args.cases)} cases in {args.cases}")
-        return 0
-    for path in (args.package / "manifest.json", args.cases / INDEX, args.policy):
-        if not path.is_file():
-            print(f"error: {path} not found", file=sys.stderr)
-            return 2
-    rows = replay(args.package, args.cases, Policy.load(args.policy))
-    _print(rows)
-    return 0 if all(r["passed"] for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        lines.append(f"| {r['variant']} | {r['precision']} | {r['worst_rel_max_abs']:.3e} ({b['max_abs_rel']:.2e}) | "
+                     f"{r['min_worst_row_cosine']:.7f} ({b['min_cosine']:.7f}) | "
+                     f"{'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])} |")
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ncnnport.contract import ModuleSpec, TensorSpec, Tolerance
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 
 
 def compare_outputs(module: str, case: str, outputs: Sequence[TensorSpec], reference: Sequence[np.ndarray],

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ncnnport.contract import Tolerance
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 from ncnnport.runtime.sampling import top2_margin
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ncnnport.contract import Tolerance
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 
 PipelineRun = Callable[[Mapping[str, Any]], Any]
 

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-from ncnnport.reports.summary import module_rollup
+from ncnnport.reports.rollup import module_rollup
 
 TEMPLATE = "report.html.jinja"
 

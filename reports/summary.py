@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ncnnport.fsutil import atomic_write_text, write_json
+from ncnnport.reports.rollup import module_rollup
 
 
 def _fmt(v: Any) -> str:
@@ -79,23 +80,6 @@ def _table(headers: list[str], rows: Iterable[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def module_rollup(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Worst numbers per module over its cases and outputs."""
-    by: dict[str, dict[str, Any]] = {}
-    for r in summary["modules"]:
-        m = by.setdefault(r["name"], {"name": r["name"], "cases": set(), "cosine": 1.0,
-                                      "worst_row_cosine": 1.0, "max_abs": 0.0, "rel": 0.0, "passed": True})
-        m["cases"].add(r["case"])
-        m["cosine"] = min(m["cosine"], r["cosine"])
-        m["worst_row_cosine"] = min(m["worst_row_cosine"], r["worst_row_cosine"])
-        m["max_abs"] = max(m["max_abs"], r["max_abs"])
-        m["rel"] = max(m["rel"], r["max_abs"] / max(r["ref_absmax"], 1e-30))
-        m["passed"] = m["passed"] and r["passed"]
-    for m in by.values():
-        m["cases"] = len(m["cases"])
-    return list(by.values())
 
 
 def gate_table(summary: dict[str, Any]) -> str:

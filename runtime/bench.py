@@ -250,7 +250,7 @@ def print_fidelity(model: str, stage: str, size: str, got: np.ndarray, ref: np.n
     """One line: a reduced-precision bench stage's output against the fp32 graphs on the same
     inputs, judged by the policy's budget ``tol`` (a Tolerance), so a speed number never comes
     without the fidelity it was bought with. Returns whether it is within the budget."""
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
 
     st = compare(ref, got)
     rel = st.max_abs / max(st.ref_absmax, 1e-30)

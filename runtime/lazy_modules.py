@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ncnnport.package.reader import PackageReader, open_package
 from ncnnport.runtime.options import FP32, RuntimeOptions
 
 
@@ -80,44 +81,39 @@ class _Resident(Mapping[str, Any]):
         return peak
 
 
+def _ncnn_module(reader: PackageReader, name: str, options: RuntimeOptions) -> Any:
+    """One graph of a checked package as an ``NcnnModule`` (its own Net and options)."""
+    from ncnnport.runtime.session import NcnnModule
+
+    return NcnnModule(reader.param(name), reader.bin(name), reader.specs[name], options)
+
+
+def open_ncnn_modules(package: Path, names: Sequence[str] | None = None,
+                      options: RuntimeOptions = FP32) -> dict[str, Any]:
+    """Every graph of a package (or ``names``) opened now, one ``NcnnModule`` each."""
+    reader = open_package(package)
+    return {n: _ncnn_module(reader, n, options) for n in reader.select(names)}
+
 
 class LazyModules(_Resident):
     """name -> NcnnModule, opened on first ``[name]`` and held until ``release(name)``."""
 
     def __init__(self, package: Path, options: RuntimeOptions = FP32,
-                 names: Sequence[str] | None = None, *, _specs: Mapping[str, Any] | None = None) -> None:
-        from ncnnport.convert.manifest import check_package
-        from ncnnport.fsutil import read_json
-
+                 names: Sequence[str] | None = None, *, _reader: PackageReader | None = None) -> None:
         self.package = Path(package)
         self.options = options
-        if _specs is None:  # validated once here, never per open
-            problems = check_package(self.package)
-            if problems:
-                raise RuntimeError(f"package {self.package} does not match its manifest:\n  "
-                                   + "\n  ".join(problems))
-            _specs = {p.name[: -len(".spec.json")]: read_json(p)
-                      for p in sorted((self.package / "specs").glob("*.spec.json"))}
-        if names is not None:
-            unknown = [n for n in names if n not in _specs]
-            if unknown:
-                raise KeyError(f"package {self.package} has no graphs {unknown}")
-            _specs = {n: _specs[n] for n in names}
-        super().__init__(_specs)
+        self._reader = _reader if _reader is not None else open_package(self.package)  # checked once, never per open
+        super().__init__(self._reader.select(names))
 
     def _open_module(self, name: str) -> Any:
-        from ncnnport.runtime.session import NcnnModule
-
-        ncnn_dir = self.package / "ncnn"
-        return NcnnModule(ncnn_dir / f"{name}.ncnn.param", ncnn_dir / f"{name}.ncnn.bin",
-                          self._specs[name], self.options)
+        return _ncnn_module(self._reader, name, self.options)
 
     def spec(self, name: str) -> Mapping[str, Any]:
         return self._specs[name]
 
     def with_options(self, options: RuntimeOptions) -> "LazyModules":
         """The same package under other runtime options (nothing opened, no re-validation)."""
-        return LazyModules(self.package, options, _specs=self._specs)
+        return LazyModules(self.package, options, list(self._specs), _reader=self._reader)
 
 
 class LazyTorchModules(_Resident):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from ncnnport.contract import TensorSpec, parse_axis, tensor_specs_from_json, variant_param_name
-from ncnnport.convert.param_file import read_param
+from ncnnport.package.param_file import read_param
 from ncnnport.runtime.mats import from_mat, to_mat
 from ncnnport.runtime.options import FP32, RuntimeOptions
 

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ncnnport.convert.manifest import write_manifest
+from ncnnport.package.manifest import write_manifest
 from ncnnport.fsutil import read_json
 
 

@@ -16,6 +16,7 @@ fp32 graphs on the same inputs against the policy's ``fp16`` budget.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -32,6 +33,9 @@ PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100",
                                      "token_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"]}
 FP16_SUFFIX = "_fp16"
 TOKEN_ID = 11
+
+# the model's tolerance policy (beside this file, as ModelPort.policy_path finds it)
+POLICY = Path(__file__).with_name("policy.json")
 
 
 def _seconds(size: str) -> float:
@@ -64,11 +68,10 @@ def filled_cache(pipe: Any, past: int, seed: int = 0):
 
 
 def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
-    from ncnnport.models.qwen3_asr.port import PORT
     from ncnnport.parity.policy import Policy
     from ncnnport.runtime.bench import print_fidelity
 
-    print_fidelity("qwen3-asr", stage, size, got, ref, Policy.load(PORT.policy_path).default("fp16"))
+    print_fidelity("qwen3-asr", stage, size, got, ref, Policy.load(POLICY).default("fp16"))
 
 
 def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> Callable[[], list[np.ndarray]]:

@@ -379,16 +379,3 @@ def write_official_folder(model: Qwen3ASRForConditionalGeneration, processor: Qw
     tok_path.write_text(json.dumps(tok_cfg, indent=2))
     (folder / "chat_template.jinja").write_text(processor.chat_template)
     return folder
-
-
-def load(preset_or_ckpt: str | Path) -> tuple[Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor]:
-    """``"tiny"`` / ``"preset:tiny"`` -> the cached tiny preset folder; anything else is a folder path."""
-    from .presets import PRESETS, preset_folder
-
-    text = str(preset_or_ckpt)
-    name = text.split(":", 1)[1] if text.startswith("preset:") else text
-    if name in PRESETS and not Path(text).exists():
-        if name == "real":
-            raise CheckpointError("preset 'real' has no weights; pass a real checkpoint folder")
-        return load_checkpoint(preset_folder(name))
-    return load_checkpoint(Path(text))

@@ -333,7 +333,7 @@ def write_preset_folder(name: str, folder: str | Path) -> Path:
         return folder
     if name != "tiny":
         raise ValueError(f"unknown qwen3_asr preset {name!r}")
-    from .checkpoint import save_checkpoint  # local import: checkpoint imports presets
+    from .checkpoint import save_checkpoint
 
     return save_checkpoint(build_tiny_model(), build_tiny_processor(), folder)
 
@@ -353,3 +353,16 @@ def preset_folder(name: str = "tiny", cache_dir: str | Path | None = None) -> Pa
         else:
             tmp.rename(folder)
     return folder
+
+
+def load(preset_or_ckpt: str | Path) -> tuple[Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor]:
+    """``"tiny"`` / ``"preset:tiny"`` -> the cached tiny preset folder; anything else is a folder path."""
+    from .checkpoint import CheckpointError, load_checkpoint
+
+    text = str(preset_or_ckpt)
+    name = text.split(":", 1)[1] if text.startswith("preset:") else text
+    if name in PRESETS and not Path(text).exists():
+        if name == "real":
+            raise CheckpointError("preset 'real' has no weights; pass a real checkpoint folder")
+        return load_checkpoint(preset_folder(name))
+    return load_checkpoint(Path(text))

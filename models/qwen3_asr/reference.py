@@ -51,11 +51,6 @@ class ReferenceTranscript:
     language: str | None = None
     text: str = ""
 
-    @property
-    def min_margin(self) -> float:
-        m = [float(c.margins.min()) for c in self.chunks if c.margins.size]
-        return min(m) if m else float("inf")
-
 
 def top2_margins(logits: np.ndarray) -> np.ndarray:
     """top1 - top2 of each row of [steps, vocab]."""

@@ -48,11 +48,6 @@ class AudioConv(nn.Module):
             steps = (steps - 1) // 2 + 1
         self.register_buffer("positions", positions[:steps].clone()[None])
 
-    @classmethod
-    def from_tower(cls, tower: nn.Module, chunk_frames: int) -> "AudioConv":
-        return cls(tower.conv2d1, tower.conv2d2, tower.conv2d3, tower.conv_out,
-                   tower.positional_embedding.positional_embedding, chunk_frames)
-
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.conv1(mel))
         h = F.gelu(self.conv2(h))

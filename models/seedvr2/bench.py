@@ -5,19 +5,13 @@ with fixed inputs, so repeated calls must return bit-identical outputs. The torc
 the fp32 reference (``dit.py`` / ``vae.py``) on the same work, built from the model's views, so
 a lazy real-width model materialises only what the stage needs (block 0, not every block).
 
-``python -m ncnnport.models.seedvr2.bench --preset real --layers 2`` times ncnn and torch
-INTERLEAVED call by call in one process (torch, ncnn, torch, ...), so load from other jobs on a
-shared machine hits both alike; ``ncnnport bench seedvr2 --perf`` gives the generic table (the
-two runtimes timed one after the other, with the memory-bandwidth bound).
+``ncnnport bench seedvr2 --preset real --layers 2 --perf`` times these stages on ncnn and torch
+eager (the memory-bandwidth bound beside them).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,14 +70,17 @@ def ncnn_call(model: Any, backend: Any, stage: str, size: str) -> Call:
     return lambda: list(backend.block(0, vid, tx, emb6, plan, cos_t, sin_t))
 
 
-def torch_call(model: Any, stage: str, size: str) -> Call:
+def torch_call(model: Any, stage: str, size: str, device: str = "cpu") -> Call:
     """The fp32 reference on the same work, from views: ``vae_encode`` holds the encoder only,
-    ``dit_block`` block 0 plus the input/embedding layers that make its inputs."""
+    ``dit_block`` block 0 plus the input/embedding layers that make its inputs. On another
+    ``device`` (``bench --torch-device cuda``) the same views and inputs run there."""
     import torch
 
     from ncnnport.models.seedvr2.mmrope import text_positions
 
     _check(stage)
+    if device != "cpu":
+        return _device_call(model, stage, size, torch.device(device))
     cfg = model.config
     x, cond, z = bench_inputs(cfg, size)
     txt = model.text.numpy()
@@ -137,67 +134,56 @@ def stage_bytes(model: Any, stage: str) -> dict[str, int] | None:
     return {"weights": sum(w[n] for n in names[stage])} if stage in names else None
 
 
-# --- interleaved ncnn vs torch ------------------------------------------------------------------
-def interleaved(calls: Mapping[str, Call], warmup: int, runs: int) -> dict[str, list[float]]:
-    """Milliseconds per call of every runtime, alternating call by call (round-robin)."""
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(runs):
-        for name, call in calls.items():
-            t = time.perf_counter()
-            call()
-            times[name].append((time.perf_counter() - t) * 1e3)
-    return times
-
-
-def _load() -> str:
-    return " ".join(f"{v:.2f}" for v in os.getloadavg())
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ncnnport.runtime.options import RuntimeOptions
-    from ncnnport.runtime.torch_ratio import read_bandwidth
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
-    from ncnnport.targets import Target
-
-    p = argparse.ArgumentParser(description="SeedVR2 ncnn vs torch eager, interleaved call by call")
-    p.add_argument("--preset", default="real")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--stages", default=",".join(PERF_STAGES))
-    p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--runs", type=int, default=5)
-    args = p.parse_args(argv)
+def _device_call(model: Any, stage: str, size: str, dev: Any) -> Call:
+    """``torch_call``'s work on ``dev``: copies of the stage's views with the weights, inputs,
+    window indices and RoPE tables moved there (the window plan and tables are computed on the
+    CPU first: ``MMRoPE3d.tables`` builds CPU constants; a view of a built model is the model's
+    own submodule, so it is copied, never moved in place). TF32 stays off so the device runs
+    true fp32; each call synchronises and returns numpy."""
+    import copy
 
     import torch
 
-    torch.set_num_threads(args.threads)
-    prep = prepare(Target("seedvr2", args.preset, None, layers=args.layers))
-    pkg = convert_stage(prep)
-    model = prep.loaded.reference
-    modules = open_ncnn_modules(pkg, options=RuntimeOptions(num_threads=args.threads))
-    backend, _ = prep.port.graph_backend(prep.loaded, modules)
-    bw = read_bandwidth()["read_gbps"]
-    print(f"\n## seedvr2 {prep.target.source}: ncnn vs torch eager, interleaved, threads={args.threads}, "
-          f"warmup={args.warmup}, runs={args.runs}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '-')}")
-    print(f"read bandwidth {bw:.1f} GB/s; load average before: {_load()}\n")
-    print("| stage | size | torch median (ms) | ncnn median (ms) | torch/ncnn | torch min | ncnn min "
-          "| weight MB | load avg after |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for stage in args.stages.split(","):
-        for size in args.sizes.split(","):
-            calls = {"torch": torch_call(model, stage, size), "ncnn": ncnn_call(model, backend, stage, size)}
-            t = interleaved(calls, args.warmup, args.runs)
-            tm, nm = statistics.median(t["torch"]), statistics.median(t["ncnn"])
-            wb = (stage_bytes(model, stage) or {}).get("weights", 0)
-            print(f"| {stage} | {size} | {tm:.1f} | {nm:.1f} | {tm / nm:.2f}x | {min(t['torch']):.1f} | "
-                  f"{min(t['ncnn']):.1f} | {wb / 2**20:.0f} | {_load()} |", flush=True)
-            del calls
-    return 0
+    from ncnnport.models.seedvr2.dit import WindowPlan
+    from ncnnport.models.seedvr2.mmrope import text_positions
 
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cfg = model.config
+    x, cond, z = bench_inputs(cfg, size)
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+    def finish(outs: Any) -> list[np.ndarray]:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return [o.float().cpu().numpy() for o in outs]
+
+    if stage in ("vae_encode", "vae_decode"):
+        part = "encoder" if stage == "vae_encode" else "decoder"
+        vae = copy.deepcopy(model.view("vae", [part]))
+        getattr(vae, part).to(dev)
+        arg = torch.from_numpy(x if stage == "vae_encode" else z).to(dev)
+
+        def vae_call() -> list[np.ndarray]:
+            with torch.inference_mode():
+                return finish(vae.encode_moments(arg) if stage == "vae_encode" else [vae.decode(arg)])
+        return vae_call
+    if stage != "dit_block":
+        raise NotImplementedError(f"model seedvr2: bench stage {stage!r} has no torch call on {dev}")
+    dit = model.view("dit", ["vid_in", "txt_in", "emb_in"])
+    cpu_block = model.part("dit.blocks.0")
+    T, H, W, _ = cond.shape
+    grid, L = (T, H // 2, W // 2), model.text.shape[0]
+    with torch.inference_mode():
+        v, t = dit.embed_inputs(torch.from_numpy(cond), model.text)
+        emb = dit.emb_in(cfg.timestep)
+        rope = cpu_block.attn.rope
+        plan = dit.window_plan(grid, cpu_block.shifted, L, rope)
+        tc, ts = rope.tables(torch.from_numpy(text_positions(L)))
+    block = copy.deepcopy(cpu_block).to(dev)
+    v, t, emb, tc, ts = (a.to(dev) for a in (v, t, emb, tc, ts))
+    plan = WindowPlan([i.to(dev) for i in plan.index], [c.to(dev) for c in plan.cos], [s.to(dev) for s in plan.sin])
+
+    def block_call() -> list[np.ndarray]:
+        with torch.inference_mode():
+            return finish(block(v, t, emb, plan, tc, ts))
+    return block_call

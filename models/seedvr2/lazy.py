@@ -27,7 +27,7 @@ from ncnnport.lazy_weights import (InitRule, SafetensorsSource, SeededSource, We
 from ncnnport.models.seedvr2.config import SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT
 from ncnnport.models.seedvr2.mmrope import rope_freqs
-from ncnnport.models.seedvr2.model import matches
+from ncnnport.models.seedvr2.folder import matches
 from ncnnport.models.seedvr2.vae import VideoAutoencoderKL
 
 ROOTS = ("dit", "vae")

@@ -22,10 +22,8 @@ from torch import nn
 
 from ncnnport.models.seedvr2.config import PRESETS, SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT
+from ncnnport.models.seedvr2.folder import FORMAT, matches, read_config
 from ncnnport.models.seedvr2.vae import VideoAutoencoderKL
-
-FORMAT = "ncnnport-seedvr2"
-
 
 @dataclass
 class SeedVR2:
@@ -53,11 +51,6 @@ class SeedVR2:
 
     def view_bytes(self, root: str, parts: Sequence[str]) -> int:
         return sum(4 * p.numel() for n, p in self.view(root, parts).named_parameters() if matches(n, parts))
-
-
-def matches(name: str, parts: Sequence[str]) -> bool:
-    """Whether parameter ``name`` is one of ``parts`` or lies under one of them."""
-    return any(name == p or name.startswith(p + ".") for p in parts)
 
 
 def _seeded_init(module: nn.Module, gen: torch.Generator) -> None:
@@ -155,23 +148,6 @@ def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -
         if tuple(state[k].shape) != tuple(v.shape):
             raise ValueError(f"{what}: {k} has shape {tuple(state[k].shape)}, model expects {tuple(v.shape)}")
     module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
-
-
-def read_config(folder: Path) -> SeedVR2Config:
-    """A checkpoint folder's ``config.json``: this project's format, every field present."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (a checkpoint folder needs its config.json)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}")
-    if "config" not in meta:
-        raise ValueError(f"{path}: field 'config' is missing")
-    return SeedVR2Config.from_json(meta["config"], source=str(path))
 
 
 def load(folder: Path) -> SeedVR2:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ncnnport.contract import Tolerance
+from ncnnport.models.seedvr2.frames import image_rows, image_stats
 from ncnnport.parity.records import stage_record
 from ncnnport.models.kit import KitPort
 from ncnnport.registry import E2EContext, LoadedModel
@@ -149,24 +150,6 @@ def write_frames(frames: np.ndarray, out: Path, single: bool) -> list[Path]:
     return paths
 
 
-def image_rows(frames: np.ndarray) -> np.ndarray:
-    """uint8 (T, H, W, 3) -> float32 (T*H, W*3): the worst-row cosine then runs over image rows,
-    not over single RGB triplets (one pixel 1 level off on a black pixel is cosine 0 there)."""
-    t, h, w, c = frames.shape
-    return frames.reshape(t * h, w * c).astype(np.float32)
-
-
-def psnr(ref: np.ndarray, cand: np.ndarray) -> float:
-    mse = float(np.mean((ref.astype(np.float64) - cand.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else float(10.0 * np.log10(255.0 ** 2 / mse))
-
-
-def image_stats(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
-    d = np.abs(ref.astype(np.int16) - cand.astype(np.int16))
-    return {"image_max_abs": int(d.max()), "image_mae": float(d.mean()), "psnr_db": psnr(ref, cand),
-            "differing_bytes": int((d > 0).sum()), "total_bytes": int(d.size)}
-
-
 def official_record(label: str, official: np.ndarray, ncnn: np.ndarray, tol: Tolerance,
                     geo: dict[str, Any]) -> dict[str, Any]:
     """"ncnn fp32 vs official-as-shipped": the port's frames against the official numerics
@@ -250,12 +233,12 @@ class SeedVR2Port(KitPort):
         """Official .pth weights are converted once into the build folder (pth.py), then loaded
         through the same strict safetensors path as any checkpoint."""
         from ncnnport.models.seedvr2.pth import safetensors_folder
-        from ncnnport.targets import DEFAULT_BUILD_ROOT
+        from ncnnport.paths import DEFAULT_BUILD_ROOT
         return None if ckpt is None else safetensors_folder(ckpt, DEFAULT_BUILD_ROOT)
 
     def read_config(self, folder: Path | None, preset: str) -> Any:
         from ncnnport.models.seedvr2.config import PRESETS
-        from ncnnport.models.seedvr2.model import read_config
+        from ncnnport.models.seedvr2.folder import read_config
         return PRESETS[preset] if folder is None else read_config(folder)
 
     def seeded(self, config: Any, seed: int) -> Any:
@@ -417,7 +400,7 @@ class SeedVR2Port(KitPort):
         each vs the torch fp32 frames and vs the ncnn fp32 frames, judged by the frames gate of
         the option's own precision mode. The option sweep keeps one worst number per option;
         these records keep the frame metrics (MAE, PSNR, max diff, differing bytes) per option."""
-        from ncnnport.convert.manifest import check_package
+        from ncnnport.package.manifest import check_package
         from ncnnport.models.seedvr2.pipeline import restore
         from ncnnport.parity.sweep import variants
         from ncnnport.runtime.lazy_modules import LazyModules

@@ -39,7 +39,7 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
     from ncnnport.models.seedvr2.dit import unpatchify
     from ncnnport.models.seedvr2.mmrope import text_positions
     from ncnnport.models.seedvr2.pipeline import Noise, posterior_latent, preprocess, to_uint8, wavelet_color_fix
-    from ncnnport.models.seedvr2.port import image_rows, image_stats
+    from ncnnport.models.seedvr2.frames import image_rows, image_stats
     from ncnnport.models.seedvr2.runner import GraphBackend, block_names, decode_stage_names, patchify_np
     from ncnnport.models.seedvr2.vae import latent_frames
 

@@ -11,6 +11,7 @@ reference tower + merger, and transformers' ``YoutuForCausalLM`` on one token at
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -28,11 +29,14 @@ STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), 
 # `make bench-perf MODEL=youtu-vl`: the LLM layers alone (the per-layer decode speed targets), a
 # whole token (layers + the 283386 x 2560 tied head, which dominates at real size), the same two on
 # the decode variants with fp16 weights (ratio still vs torch fp32), and the vision encoder at the
-# issue's two image sizes.
+# speed targets' two image sizes.
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
                                      "layers_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
 FP16_SUFFIX = "_fp16"  # the stage on the ``decode`` graph variants with fp16 InnerProduct weights
+
+# the model's tolerance policy (beside this file, as ModelPort.policy_path finds it)
+POLICY = Path(__file__).with_name("policy.json")
 
 
 def base_stage(stage: str) -> str:
@@ -132,17 +136,19 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
 
 
 def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
-    from ncnnport.models.youtu_vl.port import PORT
     from ncnnport.parity.policy import Policy
     from ncnnport.runtime.bench import print_fidelity
 
-    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(PORT.policy_path).default("fp16"))
+    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(POLICY).default("fp16"))
 
 
-def torch_call(vl: Any, stage: str, size: str) -> Call | None:
-    """Eager torch fp32 on the same work (the ``*_fp16`` stages too: their ratio is vs fp32)."""
+def torch_call(vl: Any, stage: str, size: str, device: str = "cpu") -> Call | None:
+    """Eager torch fp32 on the same work (the ``*_fp16`` stages too: their ratio is vs fp32); on
+    another ``device`` (``bench --torch-device cuda``) a copy of the modules runs there."""
     stage = base_stage(stage)
     if stage == "vision_encoder":
+        if device != "cpu":
+            return _device_encode_call(vl, bench_image(vl, size), device)
         image = bench_image(vl, size)
 
         def encode() -> list[np.ndarray]:
@@ -150,33 +156,64 @@ def torch_call(vl: Any, stage: str, size: str) -> Call | None:
             return [raster, vl.merge(raster)]
         return encode
     if stage == "decode":
-        return torch_decode_call(vl, cache_length(size))
+        return torch_decode_call(vl, cache_length(size), device=device)
     if stage == "layers":
-        return torch_decode_call(vl, cache_length(size), layers_only=True)
+        return torch_decode_call(vl, cache_length(size), layers_only=True, device=device)
     return None
 
 
-def torch_decode_call(vl: Any, past: int, layers_only: bool = False) -> Call:
+def _synchronize(dev: Any) -> None:
+    """Wait for the device's queued work, so a timed call includes it."""
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _device_encode_call(vl: Any, image: ProcessedImage, device: str) -> Call:
+    """Tower + merger copied to ``device`` (the reference's own modules stay on the CPU)."""
+    import copy
+
+    import torch
+
+    dev = torch.device(device)
+    tower, merger = copy.deepcopy(vl.siglip2.vision_model).to(dev), copy.deepcopy(vl.merger).to(dev)
+    pv = torch.from_numpy(image.pixel_values).to(dev)
+
+    def encode() -> list[np.ndarray]:
+        with torch.inference_mode():
+            raster = tower(pv, image.grid_hw)
+            merged = merger(raster)
+        _synchronize(dev)
+        return [raster.float().cpu().numpy(), merged.float().cpu().numpy()]
+    return encode
+
+
+def torch_decode_call(vl: Any, past: int, layers_only: bool = False, device: str = "cpu") -> Call:
     """transformers' eager ``YoutuForCausalLM``: one token on a DynamicCache of ``past`` entries,
     cropped back after each call so every call decodes at the same position. ``layers_only``:
-    the decoder stack alone on a fixed hidden state (``YoutuModel``, no embedding, no head)."""
+    the decoder stack alone on a fixed hidden state (``YoutuModel``, no embedding, no head).
+    Another ``device`` runs a copy of the LLM there (inputs made on the CPU, then moved)."""
+    import copy
+
     import torch
     from transformers import DynamicCache
 
-    llm = vl.llm
+    dev = torch.device(device)
+    llm = vl.llm if dev.type == "cpu" else copy.deepcopy(vl.llm).to(dev)
     g = torch.Generator().manual_seed(0)
     cache = DynamicCache(config=llm.config)
     with torch.no_grad():
         if past:
             prefix = torch.randn(1, past, vl.cfg.text.hidden_size, generator=g)
-            llm(inputs_embeds=prefix, cache=cache, use_cache=True, logits_to_keep=1)
-    token = torch.tensor([[DECODE_TOKEN]])
+            llm(inputs_embeds=prefix.to(dev), cache=cache, use_cache=True, logits_to_keep=1)
+    token = torch.tensor([[DECODE_TOKEN]], device=dev)
     if cache.get_seq_length() != past:
         raise RuntimeError(f"youtu-vl torch decode bench: cache holds {cache.get_seq_length()}, not {past}")
-    position = torch.tensor([[past]])
+    position = torch.tensor([[past]], device=dev)
 
     hidden = torch.from_numpy(np.random.default_rng(1).standard_normal(
-        (1, 1, vl.cfg.text.hidden_size)).astype(np.float32))
+        (1, 1, vl.cfg.text.hidden_size)).astype(np.float32)).to(dev)
 
     def call() -> list[np.ndarray]:
         with torch.no_grad():
@@ -186,7 +223,8 @@ def torch_decode_call(vl: Any, past: int, layers_only: bool = False) -> Call:
             else:
                 result = llm(input_ids=token, cache=cache, position_ids=position, use_cache=True).logits
         cache.crop(-1)  # drop the token just added: the cache is back at `past` entries
-        return [result.float().numpy()]
+        _synchronize(dev)
+        return [result.float().cpu().numpy()]
     return call
 
 

@@ -42,7 +42,7 @@ def _int(layer: Any, key: str, path: Path) -> int:
 
 def read_head_table(param: Path, weights: Path) -> np.ndarray:
     """``[V,H]`` table of the lm_head Gemm, memory-mapped from ``weights`` (float32 or float16)."""
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     graph = read_param(param)
     types = graph.layer_types()

@@ -159,14 +159,3 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.unit_dim))
-
-
-def vision_param_count(cfg: VisionConfig) -> int:
-    """Parameters of tower + merger (for reports; computed, not instantiated)."""
-    d, i, p = cfg.hidden_size, cfg.intermediate_size, cfg.patch_dim
-    block = 4 * (d * d + d) + 2 * 2 * d + (d * i + i) + (i * d + d)
-    u = d * cfg.merge_unit
-    merger = d + (u * u + u) + (u * cfg.out_hidden_size + cfg.out_hidden_size)
-    return (p * d + d) + cfg.num_hidden_layers * block + 2 * d + merger
-
-

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ncnnport.contract import GraphVariant, ModuleSpec, TensorSpec, Tolerance
-from ncnnport.convert.param_file import ParamError, read_param
+from ncnnport.package.param_file import ParamError, read_param
 from ncnnport.convert.rewrites import apply_rewrites
 
 PARAM = """7767517

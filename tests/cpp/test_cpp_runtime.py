@@ -2,7 +2,7 @@
 
 The executable is built once per session through `make cpp` (the static ncnn comes from the
 version + options keyed cache; a cold cache builds it first, which takes many minutes). Its
-answers are compared with the Python side: `check` with ncnnport.convert.manifest.check_package,
+answers are compared with the Python side: `check` with ncnnport.package.manifest.check_package,
 `tokenize` with the `tokenizers` library, id for id and byte for byte.
 """
 
@@ -87,7 +87,7 @@ def converted(tmp_path_factory):
 
 def unlisted_layer_types(params: list[Path], listed: list[str]) -> dict[str, list[str]]:
     """Layer type -> param files using it, for every type not in ``listed``."""
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     out: dict[str, list[str]] = {}
     for path in params:
@@ -262,7 +262,7 @@ def _problems(stderr: bytes, pkg: Path) -> set[str]:
 
 
 def test_check_reports_what_the_python_check_reports(cpp_exe, tmp_path):
-    from ncnnport.convert.manifest import check_package, write_manifest
+    from ncnnport.package.manifest import check_package, write_manifest
 
     pkg = tmp_path / "pkg"
     (pkg / "ncnn").mkdir(parents=True)

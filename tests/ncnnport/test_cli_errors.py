@@ -89,7 +89,7 @@ def test_a_manifest_with_wrong_json_types_is_one_line_naming_the_field(tmp_path,
 
 
 def test_non_utf8_file_names_are_printed_escaped(tmp_path, capsys):
-    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.package.manifest import write_manifest
 
     pkg = tmp_path / "pkg"
     (pkg / "ncnn").mkdir(parents=True)

@@ -79,7 +79,7 @@ def test_export_resumes_after_an_interruption(tmp_path, capsys):
 @pytest.mark.slow
 def test_convert_resumes_and_records_memory(tmp_path, monkeypatch):
     import ncnnport.stages as stages
-    from ncnnport.convert.manifest import check_package
+    from ncnnport.package.manifest import check_package
 
     builds: list[str] = []
     prep = _prepared(tmp_path, builds, set())

@@ -8,7 +8,7 @@ import pytest
 
 from ncnnport.contract import Tolerance
 from ncnnport.parity.budgets import UNIT_ROUNDOFF, RoundoffRule, amplification, derive
-from ncnnport.parity.metrics import TensorStats, judge
+from ncnnport.metrics import TensorStats, judge
 from ncnnport.parity.policy import Policy
 from ncnnport.parity.sweep import sweep, variants
 

@@ -64,5 +64,7 @@ def test_replay_passes_within_the_rule_and_fails_beyond_it(tmp_path, monkeypatch
 
 
 def test_replay_cli_names_a_missing_file(tmp_path, capsys):
-    assert isa_replay.main(["replay", str(tmp_path / "pkg"), str(tmp_path), str(tmp_path / "p.json")]) == 2
+    from ncnnport.cli import main
+
+    assert main(["isa-replay", "replay", str(tmp_path / "pkg"), str(tmp_path), str(tmp_path / "p.json")]) == 2
     assert "manifest.json not found" in capsys.readouterr().err

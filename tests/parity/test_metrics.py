@@ -1,7 +1,7 @@
 import numpy as np
 
 from ncnnport.contract import Tolerance
-from ncnnport.parity.metrics import compare, judge
+from ncnnport.metrics import compare, judge
 from ncnnport.parity.records import token_record
 
 
@@ -61,10 +61,10 @@ def test_a_run_with_no_e2e_records_does_not_pass(toy_package, tmp_path):
     """run_parity must not report PASSED when the model's e2e hook compared nothing."""
     from types import SimpleNamespace
 
-    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.package.manifest import write_manifest
     from ncnnport.fsutil import write_json
     from ncnnport.parity.policy import Policy
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
     import shutil
 
     pkg = tmp_path / "pkg"

@@ -64,7 +64,7 @@ class _Modules:
 def test_run_parity_pins_reference_threads_and_restores_them(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from ncnnport.parity import run
+    from ncnnport.drivers import parity as run
     from ncnnport.parity.policy import Policy
 
     seen = []

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from ncnnport.convert.param_file import ParamError
-from ncnnport.parity.metrics import compare
+from ncnnport.package.param_file import ParamError
+from ncnnport.metrics import compare
 from ncnnport.runtime.options import FP32
 from ncnnport.runtime.session import NcnnError, NcnnModule, TorchModule
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ncnnport.parity.metrics import compare
-from ncnnport.runtime.bench_cli import vulkan_available
+from ncnnport.metrics import compare
+from ncnnport.drivers.bench import vulkan_available
 from ncnnport.runtime.options import RuntimeOptions
 from ncnnport.runtime.session import NcnnError, NcnnModule
 
@@ -36,9 +36,9 @@ def test_vulkan_without_gpu_is_an_error_not_a_silent_cpu_run(toy_package):
 def test_package_bench_cross_checks_backends_from_specs_alone(toy_package, tmp_path):
     import shutil
 
-    from ncnnport.convert.manifest import write_manifest
+    from ncnnport.package.manifest import write_manifest
     from ncnnport.fsutil import write_json
-    from ncnnport.runtime.package_bench import bench_package
+    from ncnnport.drivers.package_bench import bench_package
 
     pkg = tmp_path / "pkg"
     shutil.copytree(toy_package["dir"], pkg / "ncnn")

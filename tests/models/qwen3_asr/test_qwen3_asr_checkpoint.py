@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ncnnport.models.qwen3_asr.checkpoint import CheckpointError, load, load_checkpoint, save_checkpoint
+from ncnnport.models.qwen3_asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ncnnport.models.qwen3_asr.presets import load
 from ncnnport.models.qwen3_asr.presets import build_tiny_model, build_tiny_processor
 
 

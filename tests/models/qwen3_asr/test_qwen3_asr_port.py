@@ -27,7 +27,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def summary(built):
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
     prep, pkg = built
     return run_parity(prep, pkg)
 
@@ -70,8 +70,8 @@ def test_windows_and_log_mel_are_measured(summary):
 def test_manifest_records_versions_commands_and_check_catches_tampering(built, tmp_path):
     import shutil
 
-    from ncnnport.convert.manifest import check_package
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.package.manifest import check_package
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     _, pkg = built
     manifest = json.loads((pkg / "manifest.json").read_text())
@@ -145,7 +145,7 @@ def test_run_cli_bad_audio_is_a_clear_error(built, tmp_path, content, match):
 
 def test_prompt_past_max_positions_is_refused(built):
     from ncnnport.models.qwen3_asr.runtime import make_pipeline
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     pipe = make_pipeline(open_ncnn_modules(pkg), prep.loaded.reference)
@@ -167,7 +167,8 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
     from ncnnport.models.qwen3_asr.chunking import split_audio
     from ncnnport.parity.local import local_parity
     from ncnnport.registry import E2EContext
-    from ncnnport.stages import open_ncnn_modules, torch_modules
+    from ncnnport.stages import torch_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     from tests.perturb import perturbed_package
@@ -204,7 +205,7 @@ def test_encoder_and_decode_interleaved_stay_identical_flat_and_bounded(built):
     judgement, so it is gated by the nightly stability bench (``ncnnport nightly``), not here:
     the gate itself is tested with load and slowdown doubles in tests/runtime/test_bench.py."""
     from ncnnport.runtime.bench import interleave
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     calls = {}
@@ -220,7 +221,7 @@ def test_submodel_sessions_share_no_mutable_state(built):
     """Each graph gets its own Net and Option; a setting changed on one is invisible to the others,
     and two pipelines over the same package keep separate KV caches."""
     from ncnnport.models.qwen3_asr.bench import decode_inputs
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     mods = open_ncnn_modules(pkg)
@@ -258,7 +259,7 @@ def test_parity_cli_takes_the_users_own_audio(built, tmp_path):
 def test_decode_graph_reads_the_cache_in_place_and_returns_only_the_new_rows(built):
     """No Concat copying the past, K/V read straight from the graph inputs by MatMul, projections
     as InnerProduct (2-D hidden: the layer that keeps fp16 weights), no pnnx leftovers."""
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     _, pkg = built
     graph = read_param(pkg / "ncnn" / "decode_layer0.ncnn.param")
@@ -281,7 +282,7 @@ def test_generate_borrows_the_cache_and_matches_the_copying_path(built):
     from ncnnport.models.qwen3_asr.runtime import make_pipeline
     from ncnnport.runtime.recording import RecordingRunner
     from ncnnport.runtime.zero_copy import ZeroCopyRunner
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     mods = open_ncnn_modules(pkg)
@@ -304,7 +305,7 @@ def test_decode_step_beyond_the_cache_capacity_is_a_clear_error(built):
     from ncnnport.models.qwen3_asr.bench import filled_cache
     from ncnnport.models.qwen3_asr.runtime import make_pipeline
     from ncnnport.runtime.preallocated_cache import CacheError
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     pipe = make_pipeline(open_ncnn_modules(pkg), prep.loaded.reference)
@@ -319,7 +320,7 @@ def test_fp16_weight_bench_stages_run_the_same_path_within_budget(built, capsys)
     """``token_fp16`` / ``decode_fp16`` (make bench-perf) reopen the decode layers and the head with
     fp16 InnerProduct weights; their factory reports the deviation from fp32 against the budget."""
     from ncnnport.models.qwen3_asr.bench import stage_bytes
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     port, loaded = prep.port, prep.loaded

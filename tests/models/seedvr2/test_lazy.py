@@ -185,3 +185,15 @@ def test_torch_block_bench_builds_only_block_0() -> None:
     assert blocks == {"0"} and model.materialized() == []
     a, b = call(), call()
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("stage", ["dit_block", "vae_encode", "vae_decode"])
+def test_torch_device_bench_runs_the_cpu_bench_work(stage: str) -> None:
+    """The device path of the torch bench (``bench --torch-device``: copied views, moved inputs,
+    window plan and RoPE tables) computes what the CPU path computes; run here on the CPU."""
+    from ncnnport.models.seedvr2.bench import _device_call, torch_call
+
+    model = lazy.seeded(TINY, 5)
+    ref = torch_call(model, stage, "32x32")()
+    got = _device_call(model, stage, "32x32", torch.device("cpu"))()
+    assert len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(ref, got))

@@ -23,7 +23,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def summary(built):
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
 
     prep, pkg = built
     return run_parity(prep, pkg)
@@ -66,7 +66,7 @@ def test_e2e_covers_resolutions_windows_and_video(summary) -> None:
 
 
 def test_converted_graphs_are_stock_and_batch_axis_safe(built) -> None:
-    from ncnnport.convert.param_file import read_param
+    from ncnnport.package.param_file import read_param
 
     _, pkg = built
     params = sorted((pkg / "ncnn").glob("*.ncnn.param"))
@@ -94,7 +94,7 @@ def test_run_verb_image_and_frames_folder(built, tmp_path) -> None:
     """run: image -> PNG, folder of frames -> frames; streamed and resident byte-identical."""
     import argparse
 
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     modules = open_ncnn_modules(pkg)
@@ -125,7 +125,7 @@ def test_e2e_accepts_user_images_and_frame_folders(built, tmp_path, monkeypatch)
     from ncnnport.models.seedvr2 import port as portmod
     from ncnnport.parity.policy import Policy
     from ncnnport.registry import E2EContext
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     monkeypatch.setattr(portmod, "FIXTURES", ())       # only the user inputs
@@ -230,8 +230,9 @@ def test_cli_run_hands_the_port_a_lazy_mapping(built, tmp_path, monkeypatch) -> 
 def test_precision_flag_runs_reduced_storage_within_its_frame_budget(built, tmp_path) -> None:
     """The generic ``--precision`` (runtime.precision) opens the graphs with its ncnn options;
     the port runs what it is handed, and each setting stays within its own mode's frame gate."""
-    from ncnnport.models.seedvr2.port import PORT, image_rows
-    from ncnnport.parity.metrics import compare, judge
+    from ncnnport.models.seedvr2.frames import image_rows
+    from ncnnport.models.seedvr2.port import PORT
+    from ncnnport.metrics import compare, judge
     from ncnnport.runtime import precision
     from ncnnport.runtime.lazy_modules import LazyModules
 
@@ -297,7 +298,8 @@ def test_perturbed_block_weights_are_named_as_first_divergence(built, tmp_path) 
 
     from ncnnport.models.seedvr2.port import FIXTURES, PORT, TRACE_FIXTURE
     from ncnnport.registry import E2EContext
-    from ncnnport.stages import open_ncnn_modules, torch_modules
+    from ncnnport.stages import torch_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     from tests.perturb import perturbed_package
@@ -316,7 +318,7 @@ def test_perturbed_block_weights_are_named_as_first_divergence(built, tmp_path) 
 
 # --- bench --------------------------------------------------------------------------------------
 def test_bench_has_block_and_vae_stages_at_two_sizes_matching_torch(built) -> None:
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     port = prep.port

@@ -154,7 +154,8 @@ def test_split_head_gives_the_same_logits_and_embedding_rows(tmp_path, monkeypat
     from ncnnport.models.youtu_vl import pipeline
     from ncnnport.models.youtu_vl.pipeline import LatentCache, forward_llm, head_shards
     from ncnnport.models.youtu_vl.tied_embed import EMBED_NAME, with_tied_embedding
-    from ncnnport.stages import convert_stage, open_ncnn_modules, prepare
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     from ncnnport.targets import Target
 
     monkeypatch.setattr(pipeline, "HEAD_SHARD_BYTES", 12 << 20)   # tiny table: 41 MB -> 4 shards

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 def converted(built):
     """Every module of the session's converted package (conftest ``built``), ncnn and torch."""
     from ncnnport.fsutil import read_json
-    from ncnnport.stages import open_ncnn_modules, torch_modules
+    from ncnnport.stages import torch_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     receipts = {c["module"]: c for c in read_json(pkg / "manifest.json")["pnnx_commands"]}
@@ -59,7 +60,7 @@ def test_masked_vision_tower_graph(tiny, tmp_path):
     from ncnnport.models.youtu_vl.pipeline import VISION, vision_inputs
     from ncnnport.models.youtu_vl.processor import process_image
     from ncnnport.models.youtu_vl.specs import module_specs
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
     from ncnnport.runtime.session import NcnnModule
 
     vl, _ = tiny

@@ -13,7 +13,8 @@ TRACE_TOKENS = 8
 
 @pytest.fixture(scope="session")
 def modules(built):
-    from ncnnport.stages import open_ncnn_modules, torch_modules
+    from ncnnport.stages import torch_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     return open_ncnn_modules(pkg), torch_modules(prep)
@@ -150,7 +151,7 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
     from ncnnport.models.youtu_vl.port import trace_record
     from ncnnport.parity.local import local_parity
     from ncnnport.registry import E2EContext
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     _, torch_mods = modules
@@ -181,7 +182,7 @@ def test_perturbed_layer_weights_are_caught_and_named_as_first_divergence(built,
 
 # --- bench hooks ------------------------------------------------------------------------------
 def test_bench_stages_and_calls(built, modules):
-    from ncnnport.parity.metrics import compare
+    from ncnnport.metrics import compare
 
     prep, _ = built
     ncnn_mods, _ = modules
@@ -242,7 +243,7 @@ def test_interleaved_vision_and_decode_are_bitwise_stable(built):
     """Vision encoder and decode steps alternate for 100 rounds on ncnn sessions; every output is
     bitwise identical to the same call made alone on freshly opened sessions."""
     from ncnnport.runtime.bench import fingerprint, interleave
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     port, loaded = prep.port, prep.loaded
@@ -272,7 +273,7 @@ def test_interleaved_vision_and_decode_are_bitwise_stable(built):
 
 
 def test_sub_model_sessions_share_no_mutable_state(built):
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     _, pkg = built
     mods = open_ncnn_modules(pkg)

@@ -176,3 +176,17 @@ def test_mid_and_real_configs_use_real_widths():
     assert real.text.qk_head_dim == 192 and real.text.vocab_size == 283386
     assert mid.vision.head_dim == 72 and mid.text.hidden_size == 2560 and mid.text.kv_lora_rank == 512
     assert mid.vision.num_hidden_layers - 1 in mid.vision.fullatt_block_indexes
+
+
+def test_torch_device_bench_runs_the_cpu_bench_work(tiny):
+    """``bench --torch-device``'s path (tower + merger copied to the device) computes what the CPU
+    bench call computes; run here on the CPU."""
+    from ncnnport.models.youtu_vl.bench import _device_encode_call, bench_image, torch_call
+
+    vl = tiny[0]
+    ref = torch_call(vl, "vision_encoder", "64x64")()
+    got = _device_encode_call(vl, bench_image(vl, "64x64"), "cpu")()
+    assert [a.shape for a in got] == [a.shape for a in ref]
+    assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(ref, got))
+    step = torch_call(vl, "layers", "4", device="cpu")
+    assert np.array_equal(step()[0], step()[0])

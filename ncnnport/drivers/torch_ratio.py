@@ -107,7 +107,7 @@ def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Se
     call reads, the bandwidth bound columns (``read_gbps`` of this run in every row)."""
     import torch
 
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     torch.set_num_threads(threads)
     known = stage_sizes or prep.port.bench_stages()

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ncnnport.convert.manifest import tool_versions
+from ncnnport.package.manifest import tool_versions
 from ncnnport.fsutil import read_json, sha256_file
 from ncnnport.parity.local import local_parity, variant_parity
 from ncnnport.parity.reproducible import deterministic_reference

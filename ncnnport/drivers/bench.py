@@ -47,7 +47,7 @@ def row(model: str, stage: str, size: str, backend: str, r: BenchResult) -> str:
 def run_bench(prep: Any, package: Path, stages: Sequence[str], backends: Sequence[str],
               sizes: Sequence[str] | None, threads: int, warmup: int, runs: int) -> list[dict[str, Any]]:
     """Fresh sessions per (stage, backend, size), so the first call includes pipeline creation."""
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     port, model = prep.port, prep.target.model
     known = port.bench_stages()
@@ -74,7 +74,7 @@ def run_bench(prep: Any, package: Path, stages: Sequence[str], backends: Sequenc
 def run_interleave(prep: Any, package: Path, pairs: Sequence[tuple[str, str]], rounds: int,
                    threads: int) -> dict[str, Any]:
     """Alternate several stages in one process (e.g. encoder and decode step)."""
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     calls = {}
     for stage, size in pairs:

@@ -1,7 +1,7 @@
 import pytest
 
 from ncnnport.contract import ParamPatch
-from ncnnport.convert.param_file import ParamError, check_loadable, read_param
+from ncnnport.package.param_file import ParamError, check_loadable, read_param
 from ncnnport.convert.patches import apply_patches
 
 PARAM = """7767517

@@ -15,7 +15,7 @@ import numpy as np
 
 from ncnnport.contract import tensor_specs_from_json
 from ncnnport.fsutil import read_json
-from ncnnport.parity.metrics import compare
+from ncnnport.metrics import compare
 from ncnnport.runtime.bench import measure
 from ncnnport.runtime.options import RuntimeOptions
 
@@ -38,8 +38,8 @@ def spec_inputs(spec: dict[str, Any], which: int = 1, seed: int = 0) -> list[np.
 
 def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warmup: int = 3,
                   runs: int = 20, modules: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    from ncnnport.runtime.bench_cli import backend_options, vulkan_available
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.drivers.bench import backend_options, vulkan_available
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     specs = {p.name[:-len(".spec.json")]: read_json(p) for p in sorted((package / "specs").glob("*.spec.json"))}
     names = list(modules) if modules else list(specs)

@@ -1,6 +1,6 @@
 import json
 
-from ncnnport.convert.manifest import check_package, write_manifest
+from ncnnport.package.manifest import check_package, write_manifest
 
 
 def make_package(root):

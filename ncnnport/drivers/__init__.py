@@ -1,0 +1,1 @@
+"""Application drivers the CLI and the nightly call: parity runs and benches over a prepared model."""
