@@ -113,15 +113,33 @@ def cmd_parity(args: argparse.Namespace) -> int:
                 summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
             else:
                 summary = full_parity(prep, pkg, user_inputs=args.input or [], sweep_options=args.sweep,
-                                      precision=args.precision)
+                                      precision=args.precision, official_ref=args.official_ref)
         if args.sweep:
             from ncnnport.parity.sweep import sweep_table
             print(f"\n## {t.model}: option sweep\n" + sweep_table(summary["option_sweep"]))
+        if summary.get("official_reference"):
+            print(f"\n## {t.model}: distance to the official package (reported, not gated)\n"
+                  + official_table(summary["official_reference"]))
         report_dir = t.report_dir.with_name(t.report_dir.name + "-streamed") if args.stream else t.report_dir
         path = write_report(summary, report_dir)
         _print_gates(f"{t.model} ({t.source}{', streamed' if args.stream else ''})", summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
+
+
+def official_table(rows: list[dict]) -> str:
+    """Markdown rows of ``parity --official-ref``: per fixture, whether tokens/text agree and where
+    they first differ, or why the official package was not run."""
+    lines = ["| fixture | tokens equal | first differing chunk / step | text equal | note |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("skipped"):
+            lines.append(f"| {r.get('fixture', '*')} | - | - | - | skipped: {r.get('reason', '')} |")
+            continue
+        where = ("-" if r.get("first_diff_step") is None
+                 else f"{r.get('first_diff_chunk')} / {r.get('first_diff_step')}")
+        lines.append(f"| {r.get('fixture')} | {r.get('tokens_equal')} | {where} | {r.get('text_equal')} | "
+                     f"{r.get('reason', '')} |")
+    return "\n".join(lines)
 
 
 def _print_gates(title: str, summary: dict, summary_path: Path) -> None:
@@ -373,6 +391,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true",
                    help="full-depth parity holding one module of each side at a time (models too large "
                         "for the reference and the package in memory together)")
+    p.add_argument("--official-ref", action="store_true",
+                   help="also report the distance to the model's official package on the same fixtures "
+                        "(qwen3-asr: the qwen-asr venv named by NCNNPORT_QWEN_ASR_OFFICIAL_PYTHON); "
+                        "reported, never gated")
     _precision_option(p)
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)

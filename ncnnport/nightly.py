@@ -19,7 +19,7 @@ MAX_RSS_GROWTH_MB = 16.0
 
 
 def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), sweep_options: bool = True,
-                precision: str = "fp32") -> dict:
+                precision: str = "fp32", official_ref: bool = False) -> dict:
     """Parity under ``precision`` (runtime.precision; judged by its policy mode) plus, optionally,
     the option sweep (each variant judged by its own budget)."""
     from ncnnport.drivers.parity import run_parity
@@ -31,7 +31,7 @@ def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), swee
     setting = precisions.get(precision)
     main_pkg = convert_stage(prep, fp16_weights=True) if setting.fp16_weights else package
     summary = run_parity(prep, main_pkg, user_inputs=user_inputs, options=setting.options(),
-                         precision=setting.mode)
+                         precision=setting.mode, official_ref=official_ref)
     if sweep_options:
         def run_variant(v):
             vpkg = convert_stage(prep, fp16_weights=True) if v.fp16_weights else package

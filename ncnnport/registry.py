@@ -83,6 +83,14 @@ class ModelPort(ABC):
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
         """Propagated parity records (schema of summary.json's ``e2e`` entries)."""
 
+    def official_reference(self, ctx: E2EContext) -> list[dict[str, Any]]:
+        """Rows comparing the port with the model's official upstream package on the same
+        fixtures (``parity --official-ref``): reported, never gated, since where the official code
+        and the reference library disagree the port follows one of them with a stated reason."""
+        return [{"fixture": "*", "stage": "official_reference", "kind": "official", "skipped": True,
+                 "passed": True, "gated": False,
+                 "reason": f"{self.name} has no runner for its official package"}]
+
     def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Full-depth parity holding one module of each side at a time (``parity --stream``):
         (records, memory/timing receipt). For models too large for reference + package in RAM."""

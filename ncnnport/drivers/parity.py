@@ -22,7 +22,7 @@ SUMMARY_SCHEMA = 1
 
 def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
                options: RuntimeOptions = FP32, precision: str = "fp32",
-               skip_e2e: bool = False) -> dict[str, Any]:
+               skip_e2e: bool = False, official_ref: bool = False) -> dict[str, Any]:
     t = prep.target
     # Both sides open lazily and local parity releases each pair after use: at real size only one
     # module of each is resident during local parity (the e2e check opens what it needs).
@@ -53,11 +53,16 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
                 # a model's e2e run may also yield local rows on inputs recorded from real data
                 (modules if rec.get("kind") == "local" else e2e).append(rec)
         timings["e2e_s"] = time.perf_counter() - t0
+        if official_ref:  # distance to the official package: reported next to the gates, not in them
+            t0 = time.perf_counter()
+            log(f"{t.model}: official reference")
+            official = prep.port.official_reference(ctx)
+            timings["official_ref_s"] = time.perf_counter() - t0
     manifest = package / "manifest.json"
     # an empty list is not a pass: a port whose e2e check returned nothing has proven nothing
     passed = (bool(modules) and (skip_e2e or bool(e2e)) and all(r["passed"] for r in modules)
               and all(r["passed"] for r in e2e))
-    return {
+    summary = {
         "schema": SUMMARY_SCHEMA,
         "model": t.model,
         "preset": t.preset if t.ckpt is None else None,
@@ -77,6 +82,9 @@ def run_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = (),
         "timings_s": {**{k: round(v, 2) for k, v in prep.timings.items()},
                       **{k: round(v, 2) for k, v in timings.items()}},
     }
+    if official_ref and not skip_e2e:
+        summary["official_reference"] = official
+    return summary
 
 
 def run_streamed_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = ()) -> dict[str, Any]:
@@ -90,7 +98,7 @@ def run_streamed_parity(prep: Prepared, package: Path, user_inputs: Sequence[Pat
     with deterministic_reference() as reference:
         records, receipt = prep.port.streamed_parity(ctx)
     manifest = read_json(package / "manifest.json")
-    return {
+    summary = {
         "schema": SUMMARY_SCHEMA, "model": t.model, "mode": "streamed",
         "preset": t.preset if t.ckpt is None else None, "ckpt": str(Path(t.ckpt).name) if t.ckpt else None,
         "precision": "fp32", "runtime_options": FP32.to_json(),
