@@ -7,7 +7,8 @@ From the ground up:
               (package/: param files, manifest, reader)
     runtime   the leaf inference library (runtime/): sessions, Mats, caches, masks, RoPE, sampling
     stages    export/, convert/, parity/, reports/: siblings, none imports another
-    models    one folder per model (models/<name>/), none imports another
+    models    one folder per model (models/<name>/), none imports another; files directly in
+              models/ (the shared model kit) serve every folder and import none of them
     app       cli, stages (the orchestrator), nightly, targets and the drivers (ncnnport/drivers/)
 
 A file may import its own layer and the layers below it, never above. Function-level imports
@@ -28,6 +29,7 @@ GROUND = {"ncnnport", "ncnnport.contract", "ncnnport.registry", "ncnnport.lazy_w
           "ncnnport.fsutil", "ncnnport.paths", "ncnnport.memory", "ncnnport.metrics"}
 APP = {"ncnnport.cli", "ncnnport.stages", "ncnnport.nightly", "ncnnport.targets"}
 STAGE_PACKAGES = ("ncnnport.export", "ncnnport.convert", "ncnnport.parity", "ncnnport.reports")
+SHARED_MODELS = "ncnnport.models (shared)"
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
@@ -67,11 +69,16 @@ def layer_of(module: str) -> str:
     raise AssertionError(f"{module}: no layer assigned (add it to tests/test_layering.py)")
 
 
-def room(module: str) -> str:
+def room(module: str, graph: dict[str, set[str]]) -> str:
     """The folder a stage or model module lives in (``ncnnport.parity``, ``ncnnport.models.seedvr2``):
-    siblings of one layer may not import each other."""
+    siblings of one layer may not import each other. A module directly in models/ (not a model
+    folder: one that is no package of other modules) is the models' shared room."""
     parts = module.split(".")
-    return ".".join(parts[:3]) if module.startswith("ncnnport.models.") else ".".join(parts[:2])
+    if module.startswith("ncnnport.models."):
+        folder = ".".join(parts[:3])
+        is_folder = any(m.startswith(folder + ".") for m in graph)
+        return folder if is_folder else SHARED_MODELS
+    return ".".join(parts[:2])
 
 
 def imported(module: str, path: Path, known: set[str]) -> set[str]:
@@ -112,7 +119,8 @@ def direction_errors(graph: dict[str, set[str]]) -> list[str]:
             lb = ORDER.index(layer_of(b))
             if lb > la:
                 errors.append(f"upward: {a} ({ORDER[la]}) imports {b} ({ORDER[lb]})")
-            elif lb == la and ORDER[la] in ("stages", "models") and room(a) != room(b):
+            elif lb == la and ORDER[la] in ("stages", "models") and room(a, graph) != room(b, graph) \
+                    and room(b, graph) != SHARED_MODELS:
                 errors.append(f"sideways: {a} imports {b} ({ORDER[la]} folders are siblings)")
     return errors
 
@@ -186,6 +194,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"models/a/__init__.py": "", "models/a/x.py": "from ..b import y\n",
       "models/b/__init__.py": "", "models/b/y.py": ""},
      "sideways: ncnnport.models.a.x imports ncnnport.models.b.y (models folders are siblings)"),
+    ({"models/kit.py": "from ncnnport.models.a import x\n", "models/a/__init__.py": "", "models/a/x.py": ""},
+     "sideways: ncnnport.models.kit imports ncnnport.models.a.x (models folders are siblings)"),
 ])
 def test_checker_names_an_upward_or_sideways_import(tmp_path, files, expected):
     assert direction_errors(import_graph(_tree(tmp_path, files))) == [expected]
@@ -195,3 +205,9 @@ def test_checker_finds_a_cycle_through_a_deferred_import(tmp_path):
     root = _tree(tmp_path, {"reports/html.py": "from ncnnport.reports.summary import rollup\n",
                             "reports/summary.py": "def write():\n    from ncnnport.reports import html\n"})
     assert cycles(import_graph(root)) == [["ncnnport.reports.html", "ncnnport.reports.summary"]]
+
+
+def test_model_folders_may_import_the_shared_model_kit(tmp_path):
+    root = _tree(tmp_path, {"models/kit.py": "from ncnnport.runtime import masks\n", "runtime/masks.py": "",
+                            "models/a/__init__.py": "", "models/a/port.py": "from ncnnport.models.kit import Base\n"})
+    assert direction_errors(import_graph(root)) == []
