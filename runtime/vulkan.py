@@ -54,8 +54,9 @@ class VulkanDevice:
 def driver_version(vendor_id: int, raw: int) -> str:
     """Vulkan's ``driverVersion`` is vendor-encoded: NVIDIA packs 10.8.8.6 bits, the others use
     the ``VK_MAKE_VERSION`` 10.10.12 layout (Mesa's lavapipe reports a plain counter)."""
-    if vendor_id == 0x10DE:
-        return f"{raw >> 22}.{(raw >> 14) & 0xFF}.{(raw >> 6) & 0xFF}.{raw & 0x3F}"
+    if vendor_id == 0x10DE:  # as nvidia-smi prints it: 580.159.04
+        tail = raw & 0x3F
+        return f"{raw >> 22}.{(raw >> 14) & 0xFF:02d}.{(raw >> 6) & 0xFF:02d}" + (f".{tail}" if tail else "")
     if vendor_id == 0x10005 or raw < (1 << 12):
         return str(raw)
     return f"{raw >> 22}.{(raw >> 12) & 0x3FF}.{raw & 0xFFF}"

@@ -114,3 +114,14 @@ def test_compare_reads_a_folder_as_its_summary(tmp_path, capsys):
     assert main(["report", "qwen3-asr", "--build-dir", str(tmp_path),
                  "--compare", str(tmp_path / "reports" / "old")]) == 1
     assert "cosine 1.000000000 -> 0.999000000" in capsys.readouterr().out
+
+
+def test_a_vulkan_report_names_its_device_and_a_software_one_is_not_a_gpu():
+    s = summary()
+    s["machine"] = {"cpu_model": "AMD EPYC", "vulkan_device": {
+        "index": 0, "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "type": "software", "vendor": "Mesa",
+        "driver_version": "1", "label": "software Vulkan (lavapipe)"}}
+    assert "Device: CPU AMD EPYC\n" in markdown(s)
+    s["runtime_options"] = {"use_vulkan": True}
+    line = next(x for x in markdown(s).splitlines() if x.startswith("Device:"))
+    assert "software Vulkan (lavapipe)" in line and "llvmpipe" in line and "Mesa driver 1" in line
