@@ -69,6 +69,15 @@ class RoundoffRule:
     kappa_cos: float
     margin: float = 2.0
     accumulation_length: int = 1  # longest reduction the model runs (fp16 arithmetic only)
+    # the same for ncnn's Vulkan shaders, which always accumulate in the storage type's arithmetic
+    # (fp16 under vulkan_fp16) on every device; None: ``accumulation_length``
+    vulkan_accumulation_length: int | None = None
+
+    def length_for(self, precision: str) -> int:
+        """The reduction length the rule grows ``precision``'s roundoff by."""
+        if precision.startswith("vulkan_") and self.vulkan_accumulation_length is not None:
+            return self.vulkan_accumulation_length
+        return self.accumulation_length
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], where: str) -> "RoundoffRule":
@@ -78,10 +87,13 @@ class RoundoffRule:
             raise ValueError(f"{where}: roundoff_rule needs {', '.join(missing)}")
         rule = cls(kappa_abs=float(raw["kappa_abs"]), kappa_cos=float(raw["kappa_cos"]),
                    margin=float(raw.get("margin", 2.0)),
-                   accumulation_length=int(raw.get("accumulation_length", 1)))
-        if rule.kappa_abs <= 0 or rule.kappa_cos <= 0 or rule.margin < 1 or rule.accumulation_length < 1:
+                   accumulation_length=int(raw.get("accumulation_length", 1)),
+                   vulkan_accumulation_length=(None if raw.get("vulkan_accumulation_length") is None
+                                               else int(raw["vulkan_accumulation_length"])))
+        if rule.kappa_abs <= 0 or rule.kappa_cos <= 0 or rule.margin < 1 or rule.accumulation_length < 1 \
+                or (rule.vulkan_accumulation_length is not None and rule.vulkan_accumulation_length < 1):
             raise ValueError(f"{where}: roundoff_rule needs kappa_abs, kappa_cos > 0, margin >= 1, "
-                             f"accumulation_length >= 1")
+                             f"accumulation_length (and vulkan_accumulation_length) >= 1")
         return rule
 
     def override(self, raw: Mapping[str, Any] | None) -> "RoundoffRule":
@@ -90,7 +102,8 @@ class RoundoffRule:
             return self
         return RoundoffRule(kappa_abs=float(raw.get("kappa_abs", self.kappa_abs)),
                             kappa_cos=float(raw.get("kappa_cos", self.kappa_cos)),
-                            margin=self.margin, accumulation_length=self.accumulation_length)
+                            margin=self.margin, accumulation_length=self.accumulation_length,
+                            vulkan_accumulation_length=self.vulkan_accumulation_length)
 
 
 def effective_roundoff(precision: str, accumulation_length: int = 1) -> float:
@@ -106,7 +119,7 @@ def effective_roundoff(precision: str, accumulation_length: int = 1) -> float:
 
 def derive(rule: RoundoffRule, precision: str, fp32: Tolerance) -> Tolerance:
     """The budget of ``precision`` under ``rule``, never tighter than the fp32 gate ``fp32``."""
-    u = effective_roundoff(precision, rule.accumulation_length)
+    u = effective_roundoff(precision, rule.length_for(precision))
     rel = rule.margin * rule.kappa_abs * u
     deficit = 0.5 * (rule.margin * rule.kappa_cos * u) ** 2
     max_abs_rel = max(rel, fp32.max_abs_rel)

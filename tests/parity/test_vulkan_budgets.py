@@ -72,3 +72,10 @@ def test_a_raising_vulkan_option_is_a_failing_row_naming_the_option():
     assert not row["gates_passed"] and "vulkan fp32" in row["first_failure"]
     assert "vae_encode" in row["first_failure"] and result["first_breaking_option"] == "vulkan fp32"
     assert "vulkan rows ran on:" in sweep_table(result)
+
+
+def test_vulkan_modes_use_their_own_accumulation_length_and_cpu_modes_keep_theirs():
+    policy = Policy.load(ROOT / "models" / "youtu_vl" / "policy.json")
+    rule = policy.rule
+    assert rule.length_for("vulkan_fp16") == 64 and rule.length_for("fp16_arithmetic") == rule.accumulation_length
+    assert policy.default("fp16_arithmetic") == policy.default("fp16")
