@@ -46,7 +46,10 @@ run: $(STAMP)
 	@test -n "$(MODEL)" || (echo "make run needs MODEL=..." >&2; exit 2)
 	$(BIN)/ncnnport run $(MODEL_OPTS) $(ARGS)
 
+# Vulkan tests run on lavapipe (software Vulkan) where no GPU is present: .ci/vulkan-driver installs
+# Debian's mesa-vulkan-drivers when missing (as root with apt-get; otherwise it says so).
 test: $(STAMP)
+	@.ci/vulkan-driver
 	$(BIN)/python -m pytest $(ARGS)
 
 clean:

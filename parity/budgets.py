@@ -20,6 +20,16 @@ a property of the computation (depth, norms, softmax), not of the precision or t
 numbers in the policy notes. fp16 arithmetic also accumulates in fp16: its ``u`` is multiplied
 by sqrt(accumulation length) (random-walk growth of a K-term fp16 sum). A derived budget is
 never tighter than the fp32 gate, whose own margin covers the measured fp32 noise.
+
+Vulkan modes get their own budgets: ncnn's Vulkan fp32 is not bitwise its CPU fp32. Its shaders
+sum in another order (and fuse multiply-adds), which is fp32 roundoff growing with the reduction
+length like fp16 arithmetic's (u x sqrt(K), u = 2^-24), and its GELU shader always evaluates the
+tanh form (ncnn ``gelu.comp``: ``0.5x(1 + tanh(0.79788452(x + 0.044715x^3)))``, whatever the
+layer's ``fast_gelu``), an approximation of the erf GELU PyTorch computes. Its error is a fixed
+property of the formula, ``GELU_TANH_ERROR`` below, added to the mode's roundoff: a graph's GELU
+inputs are perturbed by that relative amount on every Vulkan device, software or GPU. Vulkan fp16
+(``use_fp16_storage/packed/arithmetic``, ncnn's default on a GPU) stores and accumulates in fp16:
+fp16 arithmetic's roundoff plus the same GELU term.
 """
 
 from __future__ import annotations
@@ -37,7 +47,18 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "fp16_weights": 2.0 ** -11,
     "fp16_arithmetic": 2.0 ** -11,
     "bf16": 2.0 ** -8,
+    "vulkan_fp32": 2.0 ** -24,
+    "vulkan_fp16": 2.0 ** -11,
 }
+
+# sup_x |gelu_tanh(x) - gelu_erf(x)| / max(1, |x|): the tanh form's error relative to the size of
+# its input (at x = 2.59; recomputed from both formulas by tests/parity/test_vulkan_budgets.py)
+GELU_TANH_ERROR = 1.79e-4
+
+# modes whose roundoff grows with the reduction length K (u x sqrt(K)) and the op-approximation
+# error each adds on top of its roundoff
+ACCUMULATING_MODES = ("fp16_arithmetic", "vulkan_fp32", "vulkan_fp16")
+APPROXIMATION_ERROR: dict[str, float] = {"vulkan_fp32": GELU_TANH_ERROR, "vulkan_fp16": GELU_TANH_ERROR}
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,15 @@ class RoundoffRule:
     kappa_cos: float
     margin: float = 2.0
     accumulation_length: int = 1  # longest reduction the model runs (fp16 arithmetic only)
+    # the same for ncnn's Vulkan shaders, which always accumulate in the storage type's arithmetic
+    # (fp16 under vulkan_fp16) on every device; None: ``accumulation_length``
+    vulkan_accumulation_length: int | None = None
+
+    def length_for(self, precision: str) -> int:
+        """The reduction length the rule grows ``precision``'s roundoff by."""
+        if precision.startswith("vulkan_") and self.vulkan_accumulation_length is not None:
+            return self.vulkan_accumulation_length
+        return self.accumulation_length
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], where: str) -> "RoundoffRule":
@@ -57,10 +87,13 @@ class RoundoffRule:
             raise ValueError(f"{where}: roundoff_rule needs {', '.join(missing)}")
         rule = cls(kappa_abs=float(raw["kappa_abs"]), kappa_cos=float(raw["kappa_cos"]),
                    margin=float(raw.get("margin", 2.0)),
-                   accumulation_length=int(raw.get("accumulation_length", 1)))
-        if rule.kappa_abs <= 0 or rule.kappa_cos <= 0 or rule.margin < 1 or rule.accumulation_length < 1:
+                   accumulation_length=int(raw.get("accumulation_length", 1)),
+                   vulkan_accumulation_length=(None if raw.get("vulkan_accumulation_length") is None
+                                               else int(raw["vulkan_accumulation_length"])))
+        if rule.kappa_abs <= 0 or rule.kappa_cos <= 0 or rule.margin < 1 or rule.accumulation_length < 1 \
+                or (rule.vulkan_accumulation_length is not None and rule.vulkan_accumulation_length < 1):
             raise ValueError(f"{where}: roundoff_rule needs kappa_abs, kappa_cos > 0, margin >= 1, "
-                             f"accumulation_length >= 1")
+                             f"accumulation_length (and vulkan_accumulation_length) >= 1")
         return rule
 
     def override(self, raw: Mapping[str, Any] | None) -> "RoundoffRule":
@@ -69,20 +102,24 @@ class RoundoffRule:
             return self
         return RoundoffRule(kappa_abs=float(raw.get("kappa_abs", self.kappa_abs)),
                             kappa_cos=float(raw.get("kappa_cos", self.kappa_cos)),
-                            margin=self.margin, accumulation_length=self.accumulation_length)
+                            margin=self.margin, accumulation_length=self.accumulation_length,
+                            vulkan_accumulation_length=self.vulkan_accumulation_length)
 
 
 def effective_roundoff(precision: str, accumulation_length: int = 1) -> float:
-    """The relative error one rounding step of ``precision`` adds (fp16 arithmetic: one K-term sum)."""
+    """The relative error one step of ``precision`` adds: its unit roundoff (a K-term sum for the
+    accumulating modes) plus the approximation error of the ops the mode swaps in (Vulkan GELU)."""
     if precision not in UNIT_ROUNDOFF:
         raise ValueError(f"precision mode {precision!r}: known modes are {', '.join(UNIT_ROUNDOFF)}")
     u = UNIT_ROUNDOFF[precision]
-    return u * math.sqrt(accumulation_length) if precision == "fp16_arithmetic" else u
+    if precision in ACCUMULATING_MODES:
+        u *= math.sqrt(accumulation_length)
+    return u + APPROXIMATION_ERROR.get(precision, 0.0)
 
 
 def derive(rule: RoundoffRule, precision: str, fp32: Tolerance) -> Tolerance:
     """The budget of ``precision`` under ``rule``, never tighter than the fp32 gate ``fp32``."""
-    u = effective_roundoff(precision, rule.accumulation_length)
+    u = effective_roundoff(precision, rule.length_for(precision))
     rel = rule.margin * rule.kappa_abs * u
     deficit = 0.5 * (rule.margin * rule.kappa_cos * u) ** 2
     max_abs_rel = max(rel, fp32.max_abs_rel)

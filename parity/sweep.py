@@ -15,6 +15,7 @@ from ncnnport.contract import Tolerance
 from ncnnport.runtime.machine import describe, machine_record
 from ncnnport.runtime import precision
 from ncnnport.runtime.options import RuntimeOptions
+from ncnnport.runtime.vulkan import device_for
 
 
 @dataclass(frozen=True)
@@ -29,18 +30,30 @@ class Variant:
 def _variant(setting: str, base: RuntimeOptions = RuntimeOptions(), label: str | None = None) -> Variant:
     """The sweep row of one ``--precision`` name, so a row means what the CLI option means."""
     p = precision.get(setting)
-    return Variant(label or p.name, p.options(base), p.mode, p.fp16_weights, p.name)
+    return Variant(label or p.name, p.options(base), precision.judging_mode(p, base.use_vulkan),
+                   p.fp16_weights, p.name)
 
 
 def variants(gpu: bool) -> list[Variant]:
     base = RuntimeOptions()
     out = [_variant("fp32", base, "fp32 threads=1"), _variant("fp32", base.with_(num_threads=2), "fp32 threads=2")]
     out += [_variant(name, base) for name in precision.NAMES if name != "fp32"]
-    if gpu:
+    if gpu:  # any Vulkan device, software (lavapipe) included; each judged by its own Vulkan budget
         gpu_base = base.with_(use_vulkan=True)
         out.insert(2, _variant("fp32", gpu_base, "vulkan fp32"))
         out.append(_variant("fp16-arithmetic", gpu_base, "vulkan fp16-arithmetic"))
     return out
+
+
+def _run_or_failure(run_variant: Callable[[Variant], dict[str, Any]], v: Variant) -> dict[str, Any]:
+    """The variant's parity summary, or a failed one naming the option when ncnn raised (a Vulkan
+    pipeline that cannot be created must be a failing row, not the end of the sweep)."""
+    try:
+        return run_variant(v)
+    except Exception as exc:  # noqa: BLE001 - any ncnn/runtime error is this option's failure
+        row = {"name": type(exc).__name__, "output": v.name, "passed": False,
+               "reason": f"option {v.name} ({v.options.label}): {exc}"}
+        return {"modules": [row], "e2e": [], "gates_passed": False}
 
 
 def _worst(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -69,14 +82,16 @@ def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool,
     rows = []
     baseline = None
     for v in variants(gpu):
-        summary = run_variant(v)
+        summary = _run_or_failure(run_variant, v)
         failing = [r for r in summary["modules"] + summary["e2e"] if not r["passed"]]
         row = {"variant": v.name, "precision_mode": v.precision, "options": v.options.to_json(),
                "fp16_weights": v.fp16_weights, "gates_passed": summary["gates_passed"],
                "failed_gates": len(failing),
+               "device": device_for("vulkan" if v.options.use_vulkan else "cpu"),
                "first_failure": None if not failing else
                f"{failing[0].get('name', failing[0].get('fixture'))}/"
-               f"{failing[0].get('output', failing[0].get('stage'))}: {failing[0].get('reason', '')}",
+               f"{failing[0].get('output', failing[0].get('stage'))} under {v.name}: "
+               f"{failing[0].get('reason', '')}",
                **_worst(summary["modules"] + summary["e2e"]),
                "budget": None if budget is None else budget(v.precision).to_json()}
         if baseline is None:
@@ -90,6 +105,7 @@ def sweep(run_variant: Callable[[Variant], dict[str, Any]], gpu: bool,
 
 def sweep_table(result: dict[str, Any]) -> str:
     lines = [f"machine: {describe(result['machine'])}" if "machine" in result else "",
+             "vulkan rows ran on: " + vulkan_device_text(result["variants"]),
              "| option | precision budget | worst local max_abs/max|ref| (budget) | x fp32 | min cosine (budget) "
              "| greedy tokens | teacher-forced top-1 (min) | KL mean (max) | gates |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -97,13 +113,27 @@ def sweep_table(result: dict[str, Any]) -> str:
         rel = "-" if r["worst_rel_max_abs"] is None else f"{r['worst_rel_max_abs']:.3e}"
         ratio = "-" if r["rel_error_vs_fp32"] is None else f"{r['rel_error_vs_fp32']:.1f}"
         cos = "-" if r["min_cosine"] is None else f"{r['min_cosine']:.7f}"
-        gates = "PASS" if r["gates_passed"] else f"FAIL ({r['failed_gates']}): {r['first_failure'][:80]}"
+        gates = "PASS" if r["gates_passed"] else f"FAIL ({r['failed_gates']}): {r['first_failure'][:120]}"
         top1 = "-" if r["teacher_forced_top1_min"] is None else f"{r['teacher_forced_top1_min']:.3f}"
         kl = "-" if r["teacher_forced_kl_max"] is None else f"{r['teacher_forced_kl_max']:.2e}"
         b = r.get("budget")
         if b:
             rel, cos = f"{rel} ({b['max_abs_rel']:.2e})", f"{cos} ({b['min_cosine']:.7f})"
-        lines.append(f"| {r['variant']} | {r['precision_mode']} | {rel} | {ratio} | {cos} | "
+        lines.append(f"| {option_label(r)} | {r['precision_mode']} | {rel} | {ratio} | {cos} | "
                      f"{r['tokens_matched']}/{r['tokens_compared']} | {top1} | {kl} | {gates} |")
     lines.append(f"\nfirst option that breaks a gate: {result['first_breaking_option'] or 'none'}")
     return "\n".join(lines)
+
+
+def option_label(row: dict[str, Any]) -> str:
+    """A sweep row's option cell; a Vulkan row names its device kind (software is never a GPU)."""
+    dev = row.get("device")
+    return row["variant"] if not dev else f"{row['variant']} [{dev['label']}]"
+
+
+def vulkan_device_text(rows: list[dict[str, Any]]) -> str:
+    """Which Vulkan device the sweep's Vulkan rows ran on (name, type, driver), or why none ran."""
+    dev = next((r["device"] for r in rows if r.get("device")), None)
+    if dev is None:
+        return "no Vulkan device (Vulkan rows not run)"
+    return f"{dev['label']}: {dev['name']}, {dev['type']}, {dev['vendor']} driver {dev['driver_version']}"

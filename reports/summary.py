@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from ncnnport.fsutil import atomic_write_text, write_json
 from ncnnport.reports.rollup import module_rollup
+from ncnnport.runtime.vulkan import vulkan_text
 
 
 def _fmt(v: Any) -> str:
@@ -105,6 +106,16 @@ def gate_table(summary: dict[str, Any]) -> str:
                    "max_abs/max|ref|", "tokens", "gate"], rows)
 
 
+def device_line(summary: dict[str, Any]) -> str:
+    """Where the ncnn side ran: the CPU, or the Vulkan device by name, type and driver (a
+    software device such as lavapipe is labelled so, never as a GPU)."""
+    machine = summary.get("machine") or {}
+    cpu = f"CPU {machine.get('cpu_model', 'unknown')}"
+    if not (summary.get("runtime_options") or {}).get("use_vulkan"):
+        return cpu
+    return f"{cpu}{vulkan_text(machine.get('vulkan_device'))}".replace("; Vulkan: ", ", Vulkan: ")
+
+
 def markdown(summary: dict[str, Any]) -> str:
     verdict = "PASSED" if summary["gates_passed"] else "FAILED"
     failures = [r for r in summary["modules"] + summary["e2e"] if not r["passed"]]
@@ -114,6 +125,8 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         f"**Verdict: {verdict}** - precision {summary['precision']}, ncnn options "
         f"`{summary['runtime_options']}`",
+        "",
+        f"Device: {device_line(summary)}",
         "",
         f"Policy: `{pol['file']}` version {pol['version']} sha256 `{pol['sha256']}`. "
         f"Package manifest sha256 `{summary['manifest_sha256']}`.",

@@ -12,6 +12,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ncnnport.runtime.vulkan import device_record, vulkan_text
+
 # /proc/cpuinfo flags ncnn's x86 dispatch reads (cpu.cpp) or that change its kernels
 X86_FLAGS = ("sse4_1", "avx", "f16c", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
@@ -65,11 +67,13 @@ def machine_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     except OSError:
         cpu = {"cpu_model": platform.processor() or "unknown", "isa_features": []}
     return {"arch": platform.machine(), **cpu, "ncnn_dispatch": ncnn_dispatch(),
-            "ncnn": _version("ncnn"), "torch": _version("torch"), "numpy": _version("numpy")}
+            "ncnn": _version("ncnn"), "torch": _version("torch"), "numpy": _version("numpy"),
+            "vulkan_device": device_record()}
 
 
 def describe(record: dict[str, Any]) -> str:
     """One line for tables and logs."""
     seen = [k for k, v in record.get("ncnn_dispatch", {}).items() if v]
     return (f"{record['cpu_model']} ({record['arch']}: {' '.join(record['isa_features']) or 'baseline ISA'}; "
-            f"ncnn sees: {' '.join(seen) or 'baseline ISA'}), ncnn {record['ncnn']}, torch {record['torch']}")
+            f"ncnn sees: {' '.join(seen) or 'baseline ISA'}), ncnn {record['ncnn']}, torch {record['torch']}"
+            f"{vulkan_text(record.get('vulkan_device'))}")

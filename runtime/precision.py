@@ -53,6 +53,14 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 NAMES = tuple(PRECISIONS)
 
 
+def judging_mode(p: Precision, use_vulkan: bool) -> str:
+    """The policy mode that judges ``p`` on a backend: Vulkan has budgets of its own (another
+    reduction order, and ncnn's Vulkan GELU is always the tanh form), fp32 and reduced alike."""
+    if not use_vulkan:
+        return p.mode
+    return "vulkan_fp32" if p.mode == "fp32" else "vulkan_fp16"
+
+
 def get(name: str) -> Precision:
     """The precision called ``name``; a one-line ValueError listing the vocabulary otherwise."""
     try:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from torch import nn
 
-from ncnnport.contract import ModuleSpec, TensorSpec
+from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
 from ncnnport.models.seedvr2 import wrappers as W
 from ncnnport.models.seedvr2.config import DiTConfig, SeedVR2Config
 from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
@@ -193,6 +193,17 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
     return specs
 
 
+# Per-frame GroupNorm converts to Reduction mean (0=3) over the group's channels and pixels
+# (-23303=1,2): the mean and the variance. Under fp16 arithmetic (ncnn's Vulkan default) the
+# variance's sum of squares overflows fp16 (65504) from 256x448 frames on (lavapipe: the first
+# non-finite blob of vae_encode is the variance Reduction mean_131; the NaN then reaches every
+# frame). Feature mask 31=1 (ncnn net.cpp get_masked_option, bit 0: no fp16 arithmetic) keeps
+# just these statistics in fp32; the convolutions keep fp16.
+GROUPNORM_STATS_FP32 = ParamPatch(
+    "Reduction", where={"0": "3", "-23303": "1,2"}, set={"31": "1"}, min_matches=2,
+    why="GroupNorm statistics overflow fp16 arithmetic (NaN frames on Vulkan fp16): accumulate them in fp32")
+
+
 def vae_specs(model: Any) -> list[ModuleSpec]:
     cfg: SeedVR2Config = model.config
     parts = spec_parts(cfg)
@@ -208,6 +219,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
                                         .astype(np.float32)],
         parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
         release_after_call=True,  # activations: GBs at 512x512, weights 382 MB
+        patches=[GROUPNORM_STATS_FP32],
         notes="causal 3-D conv folded into one 2-D Convolution (taps -> channels, frames -> rows; "
               "conv_fold.py); per-frame GroupNorm via "
               "reshape + mean/var; T must be 4n+1, H and W multiples of 8")]
@@ -231,7 +243,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
             name, _builder(model, name, parts[name], lambda vae, k=k: W.VAEDecodeStage(vae, k)),
             [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"), feature_axis=CHANNELS)],
             axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
-            parity_sizes=extra, release_after_call=True,
+            parity_sizes=extra, release_after_call=True, patches=[GROUPNORM_STATS_FP32],
             notes="decoder segment; the host applies depth-to-space"
                   + ("" if last else (" with frame drop" if temporal[k] else " (spatial)")) + " after it"))
     return specs

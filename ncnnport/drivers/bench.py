@@ -8,17 +8,18 @@ from typing import Any, Sequence
 
 from ncnnport.runtime.bench import BenchResult, interleave, measure
 from ncnnport.runtime.options import RuntimeOptions
+from ncnnport.runtime.vulkan import backend_label, device_for
 
 HEADER = ("| model | stage | size | backend | runs | mean +- std (ms) | min (ms) | max (ms) | median (ms) "
           "| first call (ms) | drift %/100 calls (95% CI) | RSS growth (MB) | bitwise identical |")
 
 
 def vulkan_available() -> bool:
-    import ncnn
-    try:
-        return ncnn.get_gpu_count() > 0
-    except Exception:  # noqa: BLE001 - builds without Vulkan raise here
-        return False
+    """A Vulkan device is present: a GPU or a software one (lavapipe). Tables name which one
+    (``runtime.vulkan.backend_label``), so a software device is never read as GPU speed."""
+    from ncnnport.runtime.vulkan import default_device
+
+    return default_device() is not None
 
 
 def backend_options(backend: str, threads: int) -> RuntimeOptions:
@@ -59,15 +60,15 @@ def run_bench(prep: Any, package: Path, stages: Sequence[str], backends: Sequenc
             raise ValueError(f"model {model}: no bench stage {stage!r}; known: {', '.join(known) or 'none'}")
         for backend in backends:
             if backend == "vulkan" and not vulkan_available():
-                print(f"| {model} | {stage} | - | vulkan | skipped: no Vulkan GPU on this machine |")
+                print(f"| {model} | {stage} | - | vulkan | skipped: no Vulkan device on this machine |")
                 continue
             for size in (sizes or known[stage]):
                 modules = open_ncnn_modules(package, options=backend_options(backend, threads))
                 call = port.bench_call(prep.loaded, modules, stage, size)
                 r = measure(f"{stage}@{size}", call, warmup=warmup, runs=runs)
-                print(row(model, stage, size, backend, r), flush=True)
+                print(row(model, stage, size, backend_label(backend), r), flush=True)
                 results.append({"model": model, "stage": stage, "size": size, "backend": backend,
-                                "threads": threads, **r.to_json()})
+                                "device": device_for(backend), "threads": threads, **r.to_json()})
     return results
 
 

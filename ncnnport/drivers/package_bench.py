@@ -18,6 +18,7 @@ from ncnnport.fsutil import read_json
 from ncnnport.metrics import compare
 from ncnnport.runtime.bench import measure
 from ncnnport.runtime.options import RuntimeOptions
+from ncnnport.runtime.vulkan import backend_label, default_device, device_for
 
 
 def spec_inputs(spec: dict[str, Any], which: int = 1, seed: int = 0) -> list[np.ndarray]:
@@ -44,13 +45,15 @@ def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warm
     specs = {p.name[:-len(".spec.json")]: read_json(p) for p in sorted((package / "specs").glob("*.spec.json"))}
     names = list(modules) if modules else list(specs)
     rows = []
+    if "vulkan" in backends and default_device() is not None:
+        print(f"vulkan device: {default_device().describe()}")
     print("| module | backend | runs | median (ms) | mean +- std (ms) | first call (ms) | drift %/100 (95% CI) "
           "| RSS growth (MB) | identical | cosine vs cpu | max_abs/max|cpu| |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     cpu_out: dict[str, list[np.ndarray]] = {}
     for backend in backends:
         if backend == "vulkan" and not vulkan_available():
-            print("| * | vulkan | skipped: no Vulkan GPU |")
+            print("| * | vulkan | skipped: no Vulkan device |")
             continue
         opts: RuntimeOptions = backend_options(backend, threads)
         mods = open_ncnn_modules(package, names, options=opts)
@@ -66,11 +69,11 @@ def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warm
                 stats = [compare(c, o) for c, o in zip(cpu_out[name], out)]
                 cos = min(s.cosine for s in stats)
                 rel = max(s.max_abs / max(s.ref_absmax, 1e-30) for s in stats)
-            print(f"| {name} | {backend} | {r.runs} | {r.median_ms:.3f} | {r.mean_ms:.3f} +- {r.std_ms:.3f} | "
+            print(f"| {name} | {backend_label(backend)} | {r.runs} | {r.median_ms:.3f} | {r.mean_ms:.3f} +- {r.std_ms:.3f} | "
                   f"{r.first_call_ms:.2f} | {r.drift_pct_per_100:+.1f} (+-{r.drift_ci_pct_per_100:.1f}) | "
                   f"{r.rss_growth_mb:+.2f} | {'yes' if r.identical_outputs else 'NO'} | "
                   f"{'-' if cos is None else f'{cos:.7f}'} | {'-' if rel is None else f'{rel:.2e}'} |", flush=True)
-            row = {"module": name, "backend": backend, **r.to_json(), "cosine_vs_cpu": cos,
+            row = {"module": name, "backend": backend, "device": device_for(backend), **r.to_json(), "cosine_vs_cpu": cos,
                    "rel_max_abs_vs_cpu": rel}
             row.pop("times_ms", None)
             rows.append(row)

@@ -155,3 +155,14 @@ def test_runtime_and_report_imports_load_neither_matplotlib_nor_scipy():
             "ncnnport.reports.html\nprint(sorted(m for m in ('matplotlib', 'scipy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_vulkan_report_names_its_device_and_a_software_one_is_not_a_gpu():
+    s = summary()
+    s["machine"] = {"cpu_model": "AMD EPYC", "vulkan_device": {
+        "index": 0, "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "type": "software", "vendor": "Mesa",
+        "driver_version": "1", "label": "software Vulkan (lavapipe)"}}
+    assert "Device: CPU AMD EPYC\n" in markdown(s)
+    s["runtime_options"] = {"use_vulkan": True}
+    line = next(x for x in markdown(s).splitlines() if x.startswith("Device:"))
+    assert "software Vulkan (lavapipe)" in line and "llvmpipe" in line and "Mesa driver 1" in line
