@@ -20,7 +20,9 @@ def test_every_sweep_row_is_a_cli_precision_with_its_options_and_mode() -> None:
     assert {v.setting for v in rows} == set(precision.NAMES)
     for v in rows:
         p = precision.get(v.setting)
-        assert (v.precision, v.fp16_weights) == (p.mode, p.fp16_weights)
+        mode = precision.judging_mode(p, v.options.use_vulkan)  # Vulkan rows: the Vulkan budgets
+        assert (v.precision, v.fp16_weights) == (mode, p.fp16_weights)
+    assert {v.precision for v in rows if v.options.use_vulkan} == {"vulkan_fp32", "vulkan_fp16"}
         assert v.options == p.options(v.options), v.name  # same flags, caller's threads/backend
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ncnnport.parity.budgets import GELU_TANH_ERROR, effective_roundoff
-from ncnnport.parity.metrics import TensorStats, judge
+from ncnnport.metrics import TensorStats, judge
 from ncnnport.parity.policy import Policy
 from ncnnport.parity.sweep import sweep, sweep_table, variants
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from ncnnport.runtime.bench_cli import vulkan_available
+from ncnnport.drivers.bench import vulkan_available
 from ncnnport.runtime.options import RuntimeOptions
 from ncnnport.targets import Target
 
@@ -38,7 +38,7 @@ def packages(tmp_path_factory):
 @pytest.mark.parametrize("options,precision", [(VULKAN_FP32, "vulkan_fp32"), (VULKAN_FP16, "vulkan_fp16")],
                          ids=["vulkan_fp32", "vulkan_fp16"])
 def test_every_graph_passes_its_vulkan_budget(packages, model, options, precision):
-    from ncnnport.parity.run import run_parity
+    from ncnnport.drivers.parity import run_parity
 
     prep, pkg = packages(model)
     summary = run_parity(prep, pkg, options=options, precision=precision, skip_e2e=True)
