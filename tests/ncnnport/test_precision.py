@@ -22,8 +22,8 @@ def test_every_sweep_row_is_a_cli_precision_with_its_options_and_mode() -> None:
         p = precision.get(v.setting)
         mode = precision.judging_mode(p, v.options.use_vulkan)  # Vulkan rows: the Vulkan budgets
         assert (v.precision, v.fp16_weights) == (mode, p.fp16_weights)
-    assert {v.precision for v in rows if v.options.use_vulkan} == {"vulkan_fp32", "vulkan_fp16"}
         assert v.options == p.options(v.options), v.name  # same flags, caller's threads/backend
+    assert {v.precision for v in rows if v.options.use_vulkan} == {"vulkan_fp32", "vulkan_fp16"}
 
 
 def test_options_keep_the_callers_threads_backend_and_memory_and_reset_other_flags() -> None:
