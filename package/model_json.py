@@ -36,8 +36,8 @@ def read_model_json(root: Path, expected_model: str | None = None) -> dict[str, 
     the model ``expected_model`` (when given), and every file its ``files`` map names present."""
     path = Path(root) / MODEL_JSON
     if not path.is_file():
-        raise PackageError(f"{path}: missing (packages from before model.json cannot run without torch; "
-                           "rebuild with `ncnnport convert`)")
+        raise PackageError(f"{path}: missing (the package cannot run without torch: built before model.json "
+                           "existed, or its model has no torch-free runtime yet)")
     try:
         doc = read_json(path)
     except (OSError, ValueError) as exc:

@@ -4,7 +4,6 @@ and ``run --package`` without torch or transformers, equal to today's run path."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,17 +13,9 @@ import numpy as np
 import pytest
 
 from ncnnport.targets import Target
+from tests.torchfree import blocking_env, cli
 
 pytestmark = pytest.mark.slow
-
-BLOCK = '''import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "transformers"):
-            raise ImportError(f"torch-free path imported {name}")
-        return None
-sys.meta_path.insert(0, _Block())
-'''
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +29,7 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def no_torch(tmp_path_factory) -> dict[str, str]:
-    """Environment in which ``import torch`` / ``import transformers`` raise (sitecustomize hook)."""
-    folder = tmp_path_factory.mktemp("block")
-    (folder / "sitecustomize.py").write_text(BLOCK)
-    return {**os.environ, "PYTHONPATH": str(folder)}
-
-
-def cli(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ncnnport.cli", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return blocking_env(tmp_path_factory.mktemp("block"))
 
 
 def test_the_block_hook_really_blocks_torch(no_torch):
