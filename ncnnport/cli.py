@@ -357,11 +357,13 @@ def run_from_package(port: Any, args: argparse.Namespace) -> int:
         raise ValueError(f"--precision {args.precision} needs a package converted with fp16 weights; "
                          "pass that package with --package and --precision fp32")
     options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
+    from ncnnport.runtime.lazy_modules import LazyModules
     with package_folder(args.package) as folder:
-        model_json, warning = open_for_run(folder, args.model)
+        model_json, warning, reader = open_for_run(folder, args.model)
         if warning:
             say(f"warning: {warning}", sys.stderr)
-        return int(port.run_package(folder, model_json, options, args) or 0)
+        modules = LazyModules(folder, options=options, _reader=reader)  # each graph opened when first used
+        return int(port.run_package(folder, model_json, modules, args) or 0)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -105,13 +105,16 @@ class ModelPort(ABC):
         into the package at convert time; >= 2 for a model with a torch-free runtime."""
         return []
 
-    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any, options: Any) -> dict[str, Any]:
-        """Run one packaged case (``package.cases.CaseOnDisk``) from the package alone, without
-        torch or transformers: ``{"passed": bool, "detail": str}``."""
+    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                   modules: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one packaged case (``package.cases.CaseOnDisk``) on the package's opened graphs
+        ``modules``, without torch or transformers: ``{"passed": bool, "detail": str}``."""
         raise NotImplementedError(f"model {self.name} has no torch-free runtime")
 
-    def run_package(self, package: Path, model_json: Mapping[str, Any], options: Any, args: Any) -> int:
-        """The ``run --package`` verb: the port on the package alone, without torch or transformers."""
+    def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any],
+                    args: Any) -> int:
+        """The ``run --package`` verb on the package's opened graphs ``modules``, without torch or
+        transformers."""
         raise NotImplementedError(f"model {self.name} cannot run from a package alone yet")
 
     def add_run_arguments(self, parser: Any) -> None:

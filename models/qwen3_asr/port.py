@@ -291,18 +291,15 @@ class Qwen3ASRPort(KitPort):
         model = loaded.reference.full() if hasattr(loaded.reference, "full") else loaded.reference
         return describe.package_cases(model, loaded.extra["processor"])
 
-    def check_case(self, package: Path, model_json, case, options) -> dict[str, Any]:
+    def check_case(self, package: Path, model_json, case, modules) -> dict[str, Any]:
         from ncnnport.models.qwen3_asr import packaged
-        from ncnnport.runtime.lazy_modules import open_ncnn_modules
-        asr = packaged.open_packaged(package, model_json, open_ncnn_modules(package, options=options))
-        return packaged.check_case(asr, case)
+        return packaged.check_case(packaged.open_packaged(package, model_json, modules), case)
 
-    def run_package(self, package: Path, model_json, options, args) -> int:
+    def run_package(self, package: Path, model_json, modules, args) -> int:
         from ncnnport.models.qwen3_asr import packaged
         from ncnnport.models.qwen3_asr.audio import read_audio
-        from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
-        asr = packaged.open_packaged(package, model_json, open_ncnn_modules(package, options=options))
+        asr = packaged.open_packaged(package, model_json, modules)
         result = packaged.transcribe(asr, read_audio(args.audio), language=args.language,
                                      max_new_tokens=args.max_new_tokens, max_chunk_seconds=args.max_chunk_seconds)
         print(f"language: {result.language or ''}")

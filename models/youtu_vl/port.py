@@ -175,17 +175,15 @@ class YoutuVLPort(KitPort):
         from ncnnport.models.youtu_vl.describe import package_cases
         return package_cases(loaded.reference, loaded.extra["tokenizer"])
 
-    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any, options: Any) -> dict[str, Any]:
+    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                   modules: Mapping[str, Any]) -> dict[str, Any]:
         from ncnnport.models.youtu_vl import packaged
-        from ncnnport.runtime.lazy_modules import open_ncnn_modules
-        return packaged.check_case(open_ncnn_modules(package, options=options),
-                                   packaged.packaged_config(package, model_json),
+        return packaged.check_case(modules, packaged.packaged_config(package, model_json),
                                    packaged.packaged_tokenizer(package, model_json), case)
 
-    def run_package(self, package: Path, model_json: Mapping[str, Any], options: Any, args: Any) -> int:
+    def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any], args: Any) -> int:
         from ncnnport.models.youtu_vl import packaged
-        from ncnnport.runtime.lazy_modules import open_ncnn_modules
-        return self._stream(open_ncnn_modules(package, options=options), packaged.packaged_config(package, model_json),
+        return self._stream(modules, packaged.packaged_config(package, model_json),
                             packaged.packaged_tokenizer(package, model_json), args)
 
 

@@ -101,6 +101,7 @@ def test_wrong_graph_output_fails_its_golden_row(built, tmp_path):
     golden row of that graph, not only the e2e cases."""
     from ncnnport.drivers.verify import golden_checks
     from ncnnport.package.manifest import write_manifest
+    from ncnnport.package.reader import open_package
     from ncnnport.runtime.options import RuntimeOptions
 
     _, pkg, _ = built
@@ -109,7 +110,7 @@ def test_wrong_graph_output_fails_its_golden_row(built, tmp_path):
     m = json.loads((bad / "manifest.json").read_text())
     write_manifest(bad, model=m["model"], source=m["source"], config_hash=m["config_sha256"], build_key=m["build_key"],
                    commands=m["pnnx_commands"], modules=m["modules"])
-    rows = {r.name: r for r in golden_checks(bad, RuntimeOptions())}
+    rows = {r.name: r for r in golden_checks(open_package(bad), RuntimeOptions())}
     assert not rows["decode_layer1[past=5]"].passed and rows["decode_layer0[past=5]"].passed
 
 
