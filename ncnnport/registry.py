@@ -100,6 +100,11 @@ class ModelPort(ABC):
         None while the model has no torch-free runtime."""
         return None
 
+    def runtime_files(self, loaded: LoadedModel) -> dict[str, bytes]:
+        """Files a runtime needs that are not checkpoint assets (package-relative path under
+        ``assets/`` -> bytes), e.g. a fixed text embedding; written before ``model.json``."""
+        return {}
+
     def package_cases(self, loaded: LoadedModel) -> list[Any]:
         """End-to-end cases (``package.cases.PackageCase``) with the reference's results, written
         into the package at convert time; >= 2 for a model with a torch-free runtime."""

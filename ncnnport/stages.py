@@ -406,6 +406,11 @@ def write_runtime_files(prep: Prepared, dest: Path) -> None:
     description = prep.port.runtime_description(prep.loaded)
     if description is None:
         return
+    for rel, data in prep.port.runtime_files(prep.loaded).items():
+        if not rel.startswith("assets/") or ".." in rel.split("/"):
+            raise ValueError(f"{prep.target.model}: runtime file {rel!r} must lie under assets/")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
     write_model_json(dest, prep.target.model, description)
     for case in prep.port.package_cases(prep.loaded):
         write_case(dest, case)

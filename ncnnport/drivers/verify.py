@@ -106,7 +106,10 @@ def case_checks(reader: PackageReader, model_json: Mapping[str, Any], options: R
     modules = LazyModules(reader.folder, options=options, _reader=reader)
     rows = []
     for case in read_cases(reader.folder):
-        res = port.check_case(reader.folder, model_json, case, modules)
+        try:
+            res = port.check_case(reader.folder, model_json, case, modules)
+        except NotImplementedError as exc:  # expected values shipped, runtime not (yet) torch-free
+            res = {"passed": False, "detail": f"not run: {exc}"}
         rows.append(Check("case", case.name, bool(res["passed"]), str(res.get("detail", ""))))
     return rows
 
