@@ -21,7 +21,8 @@ TEXT_EMBEDDING = "assets/text_embedding.npy"
 
 def describe(cfg: Any, area_rule: str) -> dict[str, Any]:
     """The ``model.json`` body: the strict config plus the host rules spelled out."""
-    from ncnnport.models.seedvr2.pipeline import NOISE_DTYPE, OFFICIAL_SEED
+    from ncnnport.models.seedvr2.config import OFFICIAL_SEED
+    from ncnnport.models.seedvr2.pipeline import NOISE_DTYPE
 
     return {
         "config": cfg.to_json(),
@@ -71,7 +72,8 @@ def frame_summary(frames: np.ndarray) -> dict[str, Any]:
 def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[PackageCase]:
     """Single-image cases: the PNG, and the torch reference's restored frames for the seed and
     area the run verb would use."""
-    from ncnnport.models.seedvr2.pipeline import OFFICIAL_SEED, TorchBackend, restore
+    from ncnnport.models.seedvr2.config import OFFICIAL_SEED
+    from ncnnport.models.seedvr2.pipeline import TorchBackend, restore
     from ncnnport.models.seedvr2.port import decode_image
 
     ref = loaded.reference

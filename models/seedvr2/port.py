@@ -441,7 +441,7 @@ class SeedVR2Port(KitPort):
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
-        from ncnnport.models.seedvr2.pipeline import OFFICIAL_SEED
+        from ncnnport.models.seedvr2.config import OFFICIAL_SEED
 
         parser.add_argument("--input", type=Path, required=True, help="an image file, or a folder of frames")
         parser.add_argument("--output", type=Path, required=True,

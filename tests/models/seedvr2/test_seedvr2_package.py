@@ -61,3 +61,11 @@ def test_verify_without_torch_passes_goldens_and_names_the_unrun_cases(built, tm
     failed = [ln for ln in rows if "| FAIL |" in ln]
     assert failed and all(ln.startswith("| case |") and "no torch-free runtime" in ln for ln in failed)
     assert sum("| golden |" in ln and "| PASS |" in ln for ln in rows) >= 17
+
+
+def test_run_package_without_torch_refuses_in_one_line(built, tmp_path):
+    _, pkg = built
+    r = cli("run", "seedvr2", "--input", pkg / "cases" / "image_64x96" / "input.png", "--output", tmp_path / "o.png",
+            "--package", pkg, env=blocking_env(tmp_path / "block"))
+    assert r.returncode == 2 and "model seedvr2 cannot run from a package alone yet" in r.stderr
+    assert "Traceback" not in r.stderr
