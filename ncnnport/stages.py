@@ -399,10 +399,15 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
             shutil.copyfile(src, target)
 
 
-def write_runtime_files(prep: Prepared, dest: Path) -> None:
-    """``model.json`` and the e2e cases of a model with a torch-free runtime (its port's
-    ``runtime_description`` and ``package_cases``), computed from the reference; nothing for a
-    model without one."""
+def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> None:
+    """``model.json``, runtime files and the e2e cases of a model with a package description
+    (its port's ``runtime_description``, ``runtime_files`` and ``package_cases``), computed from
+    the reference; nothing for a model without one.
+
+    The cases run the whole reference (transformers generate, the torch VAE and DiT): above
+    ``STREAM_TRACES_ABOVE`` bytes of weights, where convert streams one module at a time so as
+    never to hold the model, they are left out and a line says so (``verify`` then has no e2e
+    rows; the golden vectors still cover every graph)."""
     description = prep.port.runtime_description(prep.loaded)
     if description is None:
         return
@@ -412,6 +417,10 @@ def write_runtime_files(prep: Prepared, dest: Path) -> None:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(data)
     write_model_json(dest, prep.target.model, description)
+    if weight_bytes > STREAM_TRACES_ABOVE:
+        log(f"{prep.target.model}: package e2e cases left out: computing them holds the whole reference "
+            f"({weight_bytes / 2**30:.1f} GiB of weights, above the {STREAM_TRACES_ABOVE / 2**30:.0f} GiB streaming limit)")
+        return
     for case in prep.port.package_cases(prep.loaded):
         write_case(dest, case)
 
@@ -562,7 +571,7 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
                 "pnnx = its own process (VmHWM sampled every 20 ms)",
     }
     _copy_assets(prep.loaded, tmp / "assets")
-    write_runtime_files(prep, tmp)
+    write_runtime_files(prep, tmp, sum(sizes.values()))
     progress_file.unlink(missing_ok=True)
     write_manifest(tmp, model=t.model, source=t.source, config_hash=prep.config_hash,
                    build_key=prep.build_key, commands=receipts, memory=memory, modules=names)
