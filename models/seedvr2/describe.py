@@ -74,14 +74,15 @@ def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[Packag
     area the run verb would use."""
     from ncnnport.models.seedvr2.config import OFFICIAL_SEED
     from ncnnport.models.seedvr2.pipeline import TorchBackend, restore
-    from ncnnport.models.seedvr2.port import decode_image
+    from PIL import Image
 
     ref = loaded.reference
     backend = TorchBackend(ref.dit, ref.vae)
     out = []
     for fx in fixtures:
         png = _png(fx.video()[0])
-        video = decode_image(io.BytesIO(png))[None]
+        with Image.open(io.BytesIO(png)) as im:  # as run reads it (port.decode_image)
+            video = np.asarray(im.convert("RGB"), dtype=np.uint8)[None]
         area = area_of(loaded, *video.shape[1:3])
         result = restore(ref.config, backend, video, ref.text.numpy(), seed=OFFICIAL_SEED, area=area)
         out.append(PackageCase(fx.label, {"input.png": png}, {"frames": "input.png"},
