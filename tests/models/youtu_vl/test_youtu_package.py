@@ -32,7 +32,8 @@ def test_verify_passes_without_torch(built, no_torch):
 
 
 @pytest.mark.parametrize("extra", [("--image", "cases/image_one_window/input.png", "--prompt", "What is this?"),
-                                   ("--prompt", "Tell me a short story.")])
+                                   ("--prompt", "Tell me a short story."),
+                                   ("--prompt", "hi", "--precision", "fp16-storage")])  # decode variants
 def test_run_package_equals_todays_run_path_without_torch(built, no_torch, extra):
     _, pkg = built
     root = pkg.parent.parent.parent
