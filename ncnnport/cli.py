@@ -338,11 +338,13 @@ def seeded_note(t: Target) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the port; ``args`` holds the generic options and the model's own (one parser, so
     ``ncnnport run MODEL --help`` lists both)."""
-    from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     port = get_port(args.model)
     margs = args
     port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
+    if args.package is not None:
+        return run_from_package(port, args)
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     note = seeded_note(t)
     if note:
@@ -360,6 +362,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         modules = open_ncnn_modules(pkg, options=options)
     return int(port.run(prep.loaded, modules, margs) or 0)
+
+
+def run_from_package(port: Any, args: argparse.Namespace) -> int:
+    """``run MODEL --package DIR|ARCHIVE``: the port on the package alone (no torch, no
+    transformers, no rebuild)."""
+    from ncnnport.drivers.verify import open_for_run, package_folder
+    from ncnnport.runtime import precision
+    from ncnnport.runtime.options import RuntimeOptions
+    setting = precision.get(args.precision)
+    if setting.fp16_weights:
+        raise ValueError(f"--precision {args.precision} needs a package converted with fp16 weights; "
+                         "pass that package with --package and --precision fp32")
+    options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
+    from ncnnport.runtime.lazy_modules import LazyModules
+    with package_folder(args.package) as folder:
+        model_json, warning, reader = open_for_run(folder, args.model)
+        if warning:
+            say(f"warning: {warning}", sys.stderr)
+        modules = LazyModules(folder, options=options, _reader=reader)  # each graph opened when first used
+        return int(port.run_package(folder, model_json, modules, args) or 0)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Manifest, model.json, every golden vector and every e2e case of a package (folder or
+    archive) on one backend; exit 1 when any check fails."""
+    from ncnnport.drivers.verify import package_folder, table, verify_package
+    from ncnnport.runtime.options import RuntimeOptions
+    options = RuntimeOptions(num_threads=args.threads, use_vulkan=args.backend == "vulkan")
+    with package_folder(args.package) as folder:
+        rows = verify_package(folder, options)
+    say(f"## verify {args.package} ({options.label})")
+    say(table(rows))
+    return 0 if all(r.passed for r in rows) else 1
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    """Build (if needed) and archive each model's package: ``<model>-<tag>.tar.gz``, its
+    ``.sha256`` and the per-file ``checksums.sha256`` in ``--out``."""
+    from ncnnport.package.archive import CHECKSUMS, write_archive
+    from ncnnport.stages import convert_stage, prepare
+    for t in _targets(args):
+        with _locked(t, args):
+            pkg = convert_stage(prepare(t), force=args.force)
+            archive = write_archive(pkg, args.out, f"{t.model}-{t.tag}")
+        say(f"{t.model}: {archive} (sha256 in {archive.name}.sha256, per file in {args.out / CHECKSUMS})")
+    return 0
 
 
 def cmd_test(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -431,6 +479,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("model")
     _common(p, many_models=False)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--package", type=Path, default=None, metavar="DIR|ARCHIVE",
+                   help="run this package alone (folder or .tar.gz from `ncnnport pack`): no torch, no "
+                        "transformers, never rebuilt; --preset/--ckpt/--layers are ignored")
     p.add_argument("--low-memory", action="store_true",
                    help="graphs marked release_after_call (e.g. the SeedVR2 VAE) return their activation "
                         "memory after each call: peak = the largest such graph, not their sum; slower")
@@ -447,6 +498,14 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("package", type=Path)
     r.add_argument("cases", type=Path)
     r.add_argument("policy", type=Path)
+    p = sub.add_parser("verify", help="check a package (folder or archive) on this device: manifest, "
+                                      "model.json, golden vectors, e2e cases; exit 1 on a failure")
+    p.add_argument("package", type=Path)
+    p.add_argument("--backend", choices=("cpu", "vulkan"), default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p = sub.add_parser("pack", help="archive each model's package (.tar.gz + .sha256 + checksums.sha256)")
+    _common(p)
+    p.add_argument("--out", type=Path, required=True, help="folder for the archives")
     sub.add_parser("test", help="run the test suite (pytest arguments follow)")
     return parser
 
@@ -488,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity, "run": cmd_run,
                "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
                "nightly": cmd_nightly, "bench-package": cmd_bench_package,
-               "isa-replay": cmd_isa_replay}[args.verb]
+               "isa-replay": cmd_isa_replay, "verify": cmd_verify, "pack": cmd_pack}[args.verb]
     from ncnnport.convert.pnnx_runner import Terminated
     try:
         return handler(args)

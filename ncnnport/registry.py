@@ -100,6 +100,36 @@ class ModelPort(ABC):
         """The ``run`` verb; models without a CLI runtime say so."""
         raise NotImplementedError(f"model {self.name} has no run command")
 
+    # --- the package alone (torch-free; ``ncnnport verify`` and ``run --package``) -------------
+    def runtime_description(self, loaded: LoadedModel) -> dict[str, Any] | None:
+        """What the package's ``model.json`` holds beside schema and model name (dims, special
+        and eos ids, RoPE rules, prompt pieces, generation defaults, preprocessing constants,
+        ``files``: role -> package-relative path), read from the reference at convert time;
+        None while the model has no torch-free runtime."""
+        return None
+
+    def runtime_files(self, loaded: LoadedModel) -> dict[str, bytes]:
+        """Files a runtime needs that are not checkpoint assets (package-relative path under
+        ``assets/`` -> bytes), e.g. a fixed text embedding; written before ``model.json``."""
+        return {}
+
+    def package_cases(self, loaded: LoadedModel) -> list[Any]:
+        """End-to-end cases (``package.cases.PackageCase``) with the reference's results, written
+        into the package at convert time; >= 2 for a model with a torch-free runtime."""
+        return []
+
+    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                   modules: Mapping[str, Any]) -> dict[str, Any]:
+        """Run one packaged case (``package.cases.CaseOnDisk``) on the package's opened graphs
+        ``modules``, without torch or transformers: ``{"passed": bool, "detail": str}``."""
+        raise NotImplementedError(f"model {self.name} has no torch-free runtime")
+
+    def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any],
+                    args: Any) -> int:
+        """The ``run --package`` verb on the package's opened graphs ``modules``, without torch or
+        transformers."""
+        raise NotImplementedError(f"model {self.name} cannot run from a package alone yet")
+
     def add_run_arguments(self, parser: Any) -> None:
         """Model-specific options of the ``run`` verb."""
 

@@ -16,7 +16,11 @@ from typing import Any, Sequence
 from ncnnport.contract import ModuleSpec
 from ncnnport.package.manifest import check_package, tool_versions, write_manifest
 from ncnnport.convert.pnnx_runner import convert_module
+from ncnnport.export.golden import write_module_golden
 from ncnnport.export.tracing import export_module
+from ncnnport.package.cases import write_case
+from ncnnport.package.golden import golden_path
+from ncnnport.package.model_json import write_model_json
 from ncnnport.fsutil import build_lock, read_json, sha256_file, sha256_json, write_json
 from ncnnport.parity.policy import Policy
 from ncnnport.registry import LoadedModel, ModelPort, get_port
@@ -156,10 +160,10 @@ def trace_file_is_ours(rel: str) -> bool:
 
 def package_file_is_ours(rel: str) -> bool:
     """Files the convert stage writes into a package folder (``ncnn/``, ``specs/``, ``assets/``,
-    the manifest, the progress record)."""
+    ``golden/``, ``cases/``, ``model.json``, the manifest, the progress record)."""
     top = rel.split("/", 1)[0]
-    return (top in ("ncnn", "specs", "assets") and "/" in rel) or rel in (
-        "manifest.json", ".progress.json") or _is_temp(rel)
+    return (top in ("ncnn", "specs", "assets", "golden", "cases") and "/" in rel) or rel in (
+        "manifest.json", "model.json", ".progress.json") or _is_temp(rel)
 
 
 def refuse_foreign_files(folder: Path, is_ours: Any) -> None:
@@ -395,6 +399,32 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
             shutil.copyfile(src, target)
 
 
+def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> None:
+    """``model.json``, runtime files and the e2e cases of a model with a package description
+    (its port's ``runtime_description``, ``runtime_files`` and ``package_cases``), computed from
+    the reference; nothing for a model without one.
+
+    The cases run the whole reference (transformers generate, the torch VAE and DiT): above
+    ``STREAM_TRACES_ABOVE`` bytes of weights, where convert streams one module at a time so as
+    never to hold the model, they are left out and a line says so (``verify`` then has no e2e
+    rows; the golden vectors still cover every graph)."""
+    description = prep.port.runtime_description(prep.loaded)
+    if description is None:
+        return
+    for rel, data in prep.port.runtime_files(prep.loaded).items():
+        if not rel.startswith("assets/") or ".." in rel.split("/"):
+            raise ValueError(f"{prep.target.model}: runtime file {rel!r} must lie under assets/")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    write_model_json(dest, prep.target.model, description)
+    if weight_bytes > STREAM_TRACES_ABOVE:
+        log(f"{prep.target.model}: package e2e cases left out: computing them holds the whole reference "
+            f"({weight_bytes / 2**30:.1f} GiB of weights, above the {STREAM_TRACES_ABOVE / 2**30:.0f} GiB streaming limit)")
+        return
+    for case in prep.port.package_cases(prep.loaded):
+        write_case(dest, case)
+
+
 # Above this many float32 weight bytes, convert traces one module at a time and deletes each trace
 # after converting it (the real Youtu-VL would otherwise keep 20 GB of TorchScript next to 20 GB
 # of ncnn weights); `ncnnport export` still writes every trace.
@@ -421,9 +451,9 @@ def convert_stage(prep: Prepared, force: bool = False, fp16_weights: bool = Fals
 
 
 def _receipt_hashes(folder: Path, name: str, receipt: dict[str, Any]) -> dict[str, str]:
-    """sha256 of every file a converted module left in ``folder`` (param, bin, spec JSON and
-    variant params), keyed by relative path: what a resumed run re-checks."""
-    rels = [f"ncnn/{name}.ncnn.param", f"ncnn/{name}.ncnn.bin", f"specs/{name}.spec.json"]
+    """sha256 of every file a converted module left in ``folder`` (param, bin, spec JSON, golden
+    vectors and variant params), keyed by relative path: what a resumed run re-checks."""
+    rels = [f"ncnn/{name}.ncnn.param", f"ncnn/{name}.ncnn.bin", f"specs/{name}.spec.json", f"golden/{name}.npz"]
     rels += [f"ncnn/{v['param']}" for v in receipt.get("variants", [])]
     return {rel: sha256_file(folder / rel) for rel in rels}
 
@@ -513,6 +543,7 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
             receipt = convert_module(rec, t.torchscript_dir / rec["torchscript"], tmp / "ncnn",
                                      fp16_weights=fp16_weights)
             write_json(tmp / "specs" / f"{name}.spec.json", rec)
+            write_module_golden(spec, t.torchscript_dir / rec["torchscript"], golden_path(tmp, name))
             if records is None:
                 (t.torchscript_dir / rec["torchscript"]).unlink(missing_ok=True)
                 receipt["export_peak_rss_mb"] = export_peak
@@ -540,6 +571,7 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
                 "pnnx = its own process (VmHWM sampled every 20 ms)",
     }
     _copy_assets(prep.loaded, tmp / "assets")
+    write_runtime_files(prep, tmp, sum(sizes.values()))
     progress_file.unlink(missing_ok=True)
     write_manifest(tmp, model=t.model, source=t.source, config_hash=prep.config_hash,
                    build_key=prep.build_key, commands=receipts, memory=memory, modules=names)

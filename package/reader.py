@@ -49,5 +49,12 @@ def open_package(folder: Path) -> PackageReader:
     problems = check_package(folder)
     if problems:
         raise RuntimeError(f"package {folder} does not match its manifest:\n  " + "\n  ".join(problems))
+    return checked_reader(folder)
+
+
+def checked_reader(folder: Path) -> PackageReader:
+    """The reader of a package the caller has JUST checked with ``check_package`` (``verify``,
+    ``run --package``): hashing a multi-GB package once is enough."""
+    folder = Path(folder)
     specs = {p.name[: -len(SPEC_SUFFIX)]: read_json(p) for p in sorted((folder / "specs").glob("*" + SPEC_SUFFIX))}
     return PackageReader(folder, specs)

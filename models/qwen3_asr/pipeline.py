@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ncnnport.models.qwen3_asr.specs import layer_names
+from ncnnport.models.qwen3_asr.names import layer_names
 from ncnnport.runtime import masks, rope, sampling
 from ncnnport.runtime.preallocated_cache import PreallocatedKVCache
 from ncnnport.runtime.zero_copy import zero_copy

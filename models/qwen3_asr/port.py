@@ -279,6 +279,34 @@ class Qwen3ASRPort(KitPort):
             out[name] = ([list(c.token_ids) for c in t.chunks], t.text, t.language)
         return out
 
+    # --- the package alone ---------------------------------------------------------------------
+    def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
+        """``model.json``: dims, ids, RoPE, prompt pieces (checked against the processor's own
+        ids), generation defaults, log-mel constants, the tokenizer's path."""
+        from ncnnport.models.qwen3_asr import describe, specs
+        return describe.describe(loaded.reference, loaded.extra["processor"], specs.dims(loaded.reference))
+
+    def package_cases(self, loaded: LoadedModel) -> list[Any]:
+        from ncnnport.models.qwen3_asr import describe
+        model = loaded.reference.full() if hasattr(loaded.reference, "full") else loaded.reference
+        return describe.package_cases(model, loaded.extra["processor"])
+
+    def check_case(self, package: Path, model_json, case, modules) -> dict[str, Any]:
+        from ncnnport.models.qwen3_asr import packaged
+        return packaged.check_case(packaged.open_packaged(package, model_json, modules), case)
+
+    def run_package(self, package: Path, model_json, modules, args) -> int:
+        from ncnnport.models.qwen3_asr import packaged
+        from ncnnport.models.qwen3_asr.audio import read_audio
+
+        asr = packaged.open_packaged(package, model_json, modules)
+        result = packaged.transcribe(asr, read_audio(args.audio), language=args.language,
+                                     max_new_tokens=args.max_new_tokens, max_chunk_seconds=args.max_chunk_seconds)
+        print(f"language: {result.language or ''}")
+        print(f"text: {result.text}")
+        sys.stdout.flush()
+        return 0
+
     # --- run ---------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
         parser.add_argument("--audio", type=Path, required=True, help="wav/flac/ogg at any rate and channels")

@@ -10,9 +10,12 @@ replaces them in order), and how many there are (which must equal the encoder ou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import Qwen3ASRProcessor
+
+if TYPE_CHECKING:  # the packaged runtime uses audio_token_count where transformers is absent
+    from transformers import Qwen3ASRProcessor
 
 from .features import N_WINDOW
 

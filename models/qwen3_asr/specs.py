@@ -8,6 +8,7 @@ import numpy as np
 
 from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
 from ncnnport.models.qwen3_asr import wrappers
+from ncnnport.models.qwen3_asr.names import layer_names  # noqa: F401 - re-exported
 from ncnnport.runtime import masks, rope
 
 AUDIO_WINDOW_TRACE = (13, 104)      # one chunk, one full attention window (8 chunks x 13)
@@ -77,15 +78,6 @@ def _ids_inputs(d: Mapping[str, int]):
     def make(sizes: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
         return [rng.integers(0, d["vocab"], size=(1, sizes["seq"])).astype(np.int32)]
     return make
-
-
-def layer_names(d: Mapping[str, int]) -> dict[str, list[str]]:
-    """Graph names per layer, in execution order (the runtime and the parity report use them)."""
-    return {
-        "audio": [f"audio_layer{i}" for i in range(d["audio_layers"])],
-        "prefill": [f"prefill_layer{i}" for i in range(d["layers"])],
-        "decode": [f"decode_layer{i}" for i in range(d["layers"])],
-    }
 
 
 def module_specs(model) -> list[ModuleSpec]:

@@ -129,6 +129,9 @@ def _section(cls: type, d: Any, name: str, source: str) -> Any:
 
 
 REAL = SeedVR2Config()
+# projects/inference_seedvr2_3b.py's default --seed (here, not in the torch pipeline, so that the
+# run verb's options parse where torch is absent)
+OFFICIAL_SEED = 666
 
 # Same structure (mm blocks then shared blocks, last-block quirks, 4 VAE stages with the same
 # down/up-sampling pattern, 16 latent channels, 33-channel condition), small widths.

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ncnnport.models.seedvr2.config import SeedVR2Config
+from ncnnport.models.seedvr2.config import OFFICIAL_SEED, SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT, attention_dtype
 from ncnnport.models.seedvr2.vae import VideoAutoencoderKL, latent_frames
 
@@ -204,8 +204,6 @@ def host_round(backend: Any) -> Callable[[np.ndarray], np.ndarray]:
 # The official script's latents and noise are bfloat16: configs_3b/main.yaml sets vae.dtype, the
 # encoder runs in it, and every draw is ``*_like`` a bf16 latent.
 NOISE_DTYPE = torch.bfloat16
-# projects/inference_seedvr2_3b.py's default --seed.
-OFFICIAL_SEED = 666
 
 
 def _draw_posterior(shape: tuple[int, int, int, int], gen: torch.Generator) -> torch.Tensor:

@@ -441,7 +441,7 @@ class SeedVR2Port(KitPort):
 
     # --- run verb ------------------------------------------------------------------------------
     def add_run_arguments(self, parser) -> None:
-        from ncnnport.models.seedvr2.pipeline import OFFICIAL_SEED
+        from ncnnport.models.seedvr2.config import OFFICIAL_SEED
 
         parser.add_argument("--input", type=Path, required=True, help="an image file, or a folder of frames")
         parser.add_argument("--output", type=Path, required=True,
@@ -478,6 +478,22 @@ class SeedVR2Port(KitPort):
 
             if not torch.cuda.is_available():
                 raise ValueError("--noise-device cuda: no CUDA device is visible to torch")
+
+    # --- the package alone (expected values only: the run path still needs torch) -------------
+    def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
+        from ncnnport.models.seedvr2.describe import describe
+        rule = (f"{REAL_AREA} px (720x1280) at full width" if self._full_width(loaded)
+                else f"the input's own area, at most {TINY_MAX_AREA} px")
+        return describe(loaded.reference.config, rule)
+
+    def runtime_files(self, loaded: LoadedModel) -> dict[str, bytes]:
+        from ncnnport.models.seedvr2.describe import TEXT_EMBEDDING, npy_bytes
+        return {TEXT_EMBEDDING: npy_bytes(loaded.reference.text.numpy().astype(np.float32))}
+
+    def package_cases(self, loaded: LoadedModel) -> list[Any]:
+        from ncnnport.models.seedvr2.describe import package_cases
+        single = [f for f in self._fixtures(loaded)[0] if f.frames == 1][:2]
+        return package_cases(loaded, single, self._area)
 
     def run(self, loaded: LoadedModel, modules, args) -> int:
         from ncnnport.models.seedvr2.pipeline import restore

@@ -26,6 +26,8 @@ from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 from ncnnport.runtime.sampling import greedy
 
 VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
+DECODE = "decode"  # the graph variant of the one-token steps (specs.decode_variant); here so the
+                   # torch-free run path (``run --package``) can name it without the wrappers
 # A head table above this many float32 bytes is split into vocab-row shards ``lm_head_part{k}``.
 # Why: pnnx holds ~4x a module's weights (measured: 11.1 GB for the real 2.77 GB tied table),
 # so one 283386 x 2560 graph dominates the peak memory of the whole conversion; shards of <= 512

@@ -151,24 +151,40 @@ class YoutuVLPort(KitPort):
             check_image_file(Path(path))
 
     def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
-        from ncnnport.models.youtu_vl.config import EOS_ID
-        from ncnnport.models.youtu_vl.pipeline import generate
-        from ncnnport.models.youtu_vl.processor import load_image, process_image
-        from ncnnport.models.youtu_vl.prompt import encode_prompt
+        return self._stream(modules, loaded.reference.cfg, loaded.extra["tokenizer"], args)
 
-        vl, tok = loaded.reference, loaded.extra["tokenizer"]
-        cfg = vl.cfg
-        image = None
-        if args.image is not None:
-            image = process_image(load_image(args.image), cfg.vision, cfg.processor, args.max_patches)
-        ids = encode_prompt(tok, args.prompt, None if image is None else image.num_tokens,
-                            cfg.system_prompt)
+    @staticmethod
+    def _stream(modules: Mapping[str, Any], cfg: Any, tok: Any, args: Any) -> int:
+        """The run verb's generation, printed as it streams (same flow with or without torch)."""
+        from ncnnport.models.youtu_vl.config import EOS_ID
+        from ncnnport.models.youtu_vl.packaged import generate_ids
+
         streamer = TextStreamer(tok, skip_special=not args.show_special)
-        generate(modules, cfg, ids, image, args.max_new_tokens, stop_at_eos=True,
-                 on_token=lambda t: None if t == EOS_ID else streamer.put(t),
-                 decode_runners=decode_runners(modules))
+        generate_ids(modules, cfg, tok, args.prompt, args.image, args.max_new_tokens, args.max_patches,
+                     on_token=lambda t: None if t == EOS_ID else streamer.put(t),
+                     decode_runners=decode_runners(modules))
         streamer.end()
         return 0
+
+    # --- the package alone ---------------------------------------------------------------------
+    def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
+        from ncnnport.models.youtu_vl.describe import describe
+        return describe(loaded.reference.cfg)
+
+    def package_cases(self, loaded: LoadedModel) -> list[Any]:
+        from ncnnport.models.youtu_vl.describe import package_cases
+        return package_cases(loaded.reference, loaded.extra["tokenizer"])
+
+    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                   modules: Mapping[str, Any]) -> dict[str, Any]:
+        from ncnnport.models.youtu_vl import packaged
+        return packaged.check_case(modules, packaged.packaged_config(package, model_json),
+                                   packaged.packaged_tokenizer(package, model_json), case)
+
+    def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any], args: Any) -> int:
+        from ncnnport.models.youtu_vl import packaged
+        return self._stream(modules, packaged.packaged_config(package, model_json),
+                            packaged.packaged_tokenizer(package, model_json), args)
 
 
 def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -176,7 +192,7 @@ def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
     when the graphs store fp16 (``--precision fp16-*``), because only InnerProduct reads fp16
     weights on x86 (about half the bytes per token); None under fp32/bf16 storage, where the
     prompt graphs serve the steps too. The variants keep the graphs' own options."""
-    from ncnnport.models.youtu_vl.specs import DECODE
+    from ncnnport.models.youtu_vl.pipeline import DECODE
     from ncnnport.runtime.variants import with_variant
 
     options = getattr(next(iter(modules.values())), "options", None)  # torch runners have none

@@ -30,6 +30,7 @@ import numpy as np
 from ncnnport.contract import GraphVariant, ModuleSpec, TensorSpec
 from ncnnport.models.youtu_vl import wrappers
 from ncnnport.models.youtu_vl.model import YoutuVL
+from ncnnport.models.youtu_vl.pipeline import DECODE  # the variant name lives with the torch-free pipeline
 from ncnnport.models.youtu_vl.pipeline import (EMBED, MERGER, VISION, HeadShard, VisionSegment,
                                                head_shards, layer_name, vision_segments)
 from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
@@ -130,9 +131,6 @@ def _embed_spec(vl: YoutuVL) -> ModuleSpec:
 # One-token decode graphs over the same weights: pnnx's Gemm (fast on prefill's many rows, fp32
 # weights only on x86) becomes InnerProduct, which reads fp16 weights under use_fp16_storage
 # (measured at real widths: one layer 35.6 ms vs Gemm fp32 48.1 ms, but 3.6x slower on prefill).
-DECODE = "decode"
-
-
 def _decode_variant(sizes: tuple[Mapping[str, int], ...] = ()) -> GraphVariant:
     return GraphVariant(DECODE, ("gemm_to_innerproduct",), sizes,
                         why="one-token decode: InnerProduct reads fp16 weights under use_fp16_storage")

@@ -1,0 +1,91 @@
+"""What a SeedVR2 package records for a runtime without torch (``model.json``, the positive
+text embedding) and its packaged e2e cases: input frames and the torch reference's restored
+frames as sha256 + statistics, with the seed and area that produced them.
+
+SeedVR2 has no torch-free runtime yet (its resize, colour fix, noise draws and DiT host ops use
+torch), so ``verify`` cannot run these cases; they are the expected values such a runtime, or a
+C++ one, is checked against."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any
+
+import numpy as np
+
+from ncnnport.package.cases import PackageCase
+
+TEXT_EMBEDDING = "assets/text_embedding.npy"
+
+
+def describe(cfg: Any, area_rule: str) -> dict[str, Any]:
+    """The ``model.json`` body: the strict config plus the host rules spelled out."""
+    from ncnnport.models.seedvr2.config import OFFICIAL_SEED
+    from ncnnport.models.seedvr2.pipeline import NOISE_DTYPE
+
+    return {
+        "config": cfg.to_json(),
+        "dims": {"vid_dim": cfg.dit.vid_dim, "blocks": cfg.dit.num_layers, "heads": cfg.dit.heads,
+                 "head_dim": cfg.dit.head_dim, "latent_channels": cfg.vae.latent_channels,
+                 "spatial_factor": cfg.vae.spatial_factor, "temporal_factor": cfg.vae.temporal_factor,
+                 "text_len": cfg.text_len},
+        "rope": {"theta": cfg.dit.rope_theta, "rule": "3-D MM-RoPE over (t, h, w) of the patched video and the text positions"},
+        "windows": {"count_at_720p": list(cfg.dit.window), "window_area": cfg.dit.window_area,
+                    "window_max_t": cfg.dit.window_max_t,
+                    "rule": "window counts scale with the patched grid relative to the 720p area (windows.partition)"},
+        "preprocessing": {"resize": "area resize keeping the aspect ratio (round(h*s), round(w*s)), s = sqrt(area/(h*w)); "
+                                    "bicubic, antialiased, align_corners=False, clamped to [0, 1]",
+                          "area": area_rule, "crop": "centre crop to a multiple of 16, offset int(round(margin / 2))",
+                          "frames": "padded to 4n+1 by repeating the last frame", "range": "[-1, 1]"},
+        "latent": {"scaling_factor": cfg.vae.scaling_factor, "posterior": "mean + exp(logvar/2) * eps, times scale"},
+        "schedule": {"timestep": cfg.timestep, "schedule_T": cfg.schedule_T,
+                     "rule": "one Euler step: x0 = x_T - v * timestep / schedule_T (velocity prediction)"},
+        "noise": {"seed": OFFICIAL_SEED, "dtype": str(NOISE_DTYPE).replace("torch.", ""),
+                  "order": "posterior eps (1,C,t,h,w) contiguous, then x_T drawn channels-last; torch generator"},
+        "colour_fix": "wavelet colour fix against the preprocessed input (5 levels, dilated 3x3 binomial blur)",
+        "files": {"text_embedding": TEXT_EMBEDDING},
+    }
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _png(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def frame_summary(frames: np.ndarray) -> dict[str, Any]:
+    """sha256 of the uint8 frame bytes (T, H, W, 3) and their statistics."""
+    f = np.ascontiguousarray(frames, dtype=np.uint8)
+    return {"frames_sha256": hashlib.sha256(f.tobytes()).hexdigest(), "shape": list(f.shape),
+            "mean": float(f.mean()), "std": float(f.std()), "min": int(f.min()), "max": int(f.max())}
+
+
+def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[PackageCase]:
+    """Single-image cases: the PNG, and the torch reference's restored frames for the seed and
+    area the run verb would use."""
+    from ncnnport.models.seedvr2.config import OFFICIAL_SEED
+    from ncnnport.models.seedvr2.pipeline import TorchBackend, restore
+    from PIL import Image
+
+    ref = loaded.reference
+    backend = TorchBackend(ref.dit, ref.vae)
+    out = []
+    for fx in fixtures:
+        png = _png(fx.video()[0])
+        with Image.open(io.BytesIO(png)) as im:  # as run reads it (port.decode_image)
+            video = np.asarray(im.convert("RGB"), dtype=np.uint8)[None]
+        area = area_of(loaded, *video.shape[1:3])
+        result = restore(ref.config, backend, video, ref.text.numpy(), seed=OFFICIAL_SEED, area=area)
+        out.append(PackageCase(fx.label, {"input.png": png}, {"frames": "input.png"},
+                               expected={**frame_summary(result.frames), "noise": result.noise.record()},
+                               args={"seed": OFFICIAL_SEED, "area": area, "colour_fix": True}))
+    return out

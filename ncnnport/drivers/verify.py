@@ -1,0 +1,168 @@
+"""``ncnnport verify``: check a package (folder or archive) on the device it will run on.
+
+Order: the manifest (every file's sha256, the module list), ``model.json``, then every graph's
+golden vectors on the chosen backend against the reference outputs under the graph's own
+tolerances, then every packaged e2e case through the model's torch-free runtime. A package that
+fails its manifest runs nothing. Neither torch nor transformers is imported on this path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ncnnport.contract import Tolerance
+from ncnnport.metrics import compare, judge
+from ncnnport.package.archive import extract_package, is_archive
+from ncnnport.package.cases import read_cases
+from ncnnport.package.golden import golden_path, read_golden
+from ncnnport.package.manifest import MANIFEST, check_package, load_manifest
+from ncnnport.package.model_json import PackageError, read_model_json
+from ncnnport.package.reader import PackageReader, checked_reader
+from ncnnport.runtime.options import RuntimeOptions
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the verify table."""
+
+    kind: str      # manifest | versions | model.json | golden | case
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@contextlib.contextmanager
+def package_folder(path: Path) -> Iterator[Path]:
+    """``path`` itself for a folder; an archive is checked member by member and extracted into a
+    temporary folder that is removed afterwards."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such package folder or archive")
+    if path.is_dir():
+        yield path
+        return
+    if not is_archive(path):
+        raise ValueError(f"{path}: neither a package folder nor a .tar/.tar.gz/.tgz archive")
+    with tempfile.TemporaryDirectory(prefix="ncnnport-package-") as tmp:
+        yield extract_package(path, Path(tmp))
+
+
+def version_warning(manifest: Mapping[str, Any]) -> str | None:
+    """A warning naming both versions when the package was built with another ncnn."""
+    built = manifest.get("versions", {}).get("ncnn")
+    try:
+        here = importlib.metadata.version("ncnn")
+    except importlib.metadata.PackageNotFoundError:
+        here = "not installed"
+    if built and built != here:
+        return f"package built with ncnn {built}, this machine has ncnn {here}: golden vectors decide"
+    return None
+
+
+def _tolerance(spec: Mapping[str, Any], output: str) -> Tolerance:
+    tols = spec.get("tolerances", {})
+    found = tols.get(output) or tols.get("*")
+    return Tolerance(**found) if found else Tolerance()
+
+
+def golden_checks(reader: PackageReader, options: RuntimeOptions) -> list[Check]:
+    """Every graph of a checked package on ``options``' backend against its golden outputs, one
+    row per graph and case (each graph opened for its own rows only)."""
+    from ncnnport.runtime.session import NcnnModule
+
+    rows = []
+    for name, spec in reader.specs.items():
+        path = golden_path(reader.folder, name)
+        if not path.is_file():
+            rows.append(Check("golden", name, False, f"{path}: missing"))
+            continue
+        module = NcnnModule(reader.param(name), reader.bin(name), spec, options)
+        for k, case in enumerate(read_golden(path)):
+            outs = module.run(case.inputs)
+            bad, worst = [], 0.0
+            for t, ref, got in zip(module.outputs, case.outputs, outs):
+                stats = compare(ref, got, what=f"{name}/{t.name}", feature_axis=t.feature_axis)
+                ok, why = judge(stats, _tolerance(spec, t.name))
+                worst = max(worst, stats.max_abs / max(stats.ref_absmax, 1e-30))
+                if not ok:
+                    bad.append(f"{t.name}: {why}")
+            sizes = ",".join(f"{a}={n}" for a, n in case.sizes.items())
+            rows.append(Check("golden", f"{name}[{sizes or k}]", not bad,
+                              "; ".join(bad) if bad else f"relative max_abs {worst:.2e}"))
+    return rows
+
+
+def case_checks(reader: PackageReader, model_json: Mapping[str, Any], options: RuntimeOptions) -> list[Check]:
+    """Every packaged e2e case through the model's torch-free runtime (graphs opened once)."""
+    from ncnnport.registry import get_port
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    port = get_port(str(model_json["model"]))
+    modules = LazyModules(reader.folder, options=options, _reader=reader)
+    rows = []
+    for case in read_cases(reader.folder):
+        try:
+            res = port.check_case(reader.folder, model_json, case, modules)
+        except NotImplementedError as exc:  # expected values shipped, runtime not (yet) torch-free
+            res = {"passed": False, "detail": f"not run: {exc}"}
+        rows.append(Check("case", case.name, bool(res["passed"]), str(res.get("detail", ""))))
+    return rows
+
+
+def verify_package(folder: Path, options: RuntimeOptions) -> list[Check]:
+    """All checks of an unpacked package, in order; a failed manifest stops there (nothing of a
+    tampered package is run), a failed model.json skips only the e2e cases."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        return [Check("manifest", str(folder / MANIFEST), False, "missing")]
+    manifest = load_manifest(folder / MANIFEST)
+    problems = check_package(folder)
+    rows = [Check("manifest", MANIFEST, not problems, "; ".join(problems) or f"{len(manifest['files'])} files match")]
+    warning = version_warning(manifest)
+    if warning:
+        rows.append(Check("versions", "ncnn", True, f"warning: {warning}"))
+    if problems:
+        return rows
+    try:
+        model_json = read_model_json(folder, expected_model=manifest.get("model"))
+        rows.append(Check("model.json", "model.json", True, f"{model_json['model']}, schema {model_json['schema_version']}"))
+    except PackageError as exc:  # the graphs can still be checked; the e2e cases cannot
+        model_json = None
+        rows.append(Check("model.json", "model.json", False, str(exc)))
+    reader = checked_reader(folder)  # hashed once above
+    rows += golden_checks(reader, options)
+    if model_json is not None:
+        rows += case_checks(reader, model_json, options)
+    return rows
+
+
+def table(rows: list[Check]) -> str:
+    """The pass/fail table (Markdown)."""
+    lines = ["| check | name | result | detail |", "|---|---|---|---|"]
+    lines += [f"| {r.kind} | {r.name} | {'PASS' if r.passed else 'FAIL'} | {r.detail} |" for r in rows]
+    failed = sum(not r.passed for r in rows)
+    lines.append(f"\n{len(rows) - failed} passed, {failed} failed")
+    return "\n".join(lines)
+
+
+def open_for_run(folder: Path, model: str) -> tuple[dict[str, Any], str | None, PackageReader]:
+    """(model.json, ncnn version warning, reader) of a package ``run --package`` may use: the manifest's
+    model must be ``model`` and every file must match it (``run`` never rebuilds: a stale or
+    tampered package is an error naming the file)."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise PackageError(f"{path}: missing (not a package folder)")
+    manifest = load_manifest(path)
+    if manifest.get("model") != model:
+        raise PackageError(f"{path}: field 'model' is {manifest.get('model')!r}: a package of another model, not {model!r}")
+    problems = check_package(folder)
+    if problems:
+        raise PackageError(f"{folder}: does not match its manifest ({'; '.join(problems[:5])}); "
+                           "rebuild it with `ncnnport convert`/`ncnnport pack`, `run` never rebuilds")
+    return read_model_json(folder, expected_model=model), version_warning(manifest), checked_reader(folder)
