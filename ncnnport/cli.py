@@ -392,7 +392,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     options = RuntimeOptions(num_threads=args.threads, use_vulkan=args.backend == "vulkan")
     with package_folder(args.package) as folder:
         rows = verify_package(folder, options)
-    say(f"## verify {args.package} ({options.label})")
+    from ncnnport.drivers.verify import judging_mode
+    from ncnnport.runtime.vulkan import device_for, vulkan_text
+    device = vulkan_text(device_for("vulkan")).lstrip("; ") if options.use_vulkan else "CPU"
+    say(f"## verify {args.package} ({options.label}; judged as {judging_mode(options)}; {device})")
     say(table(rows))
     return 0 if all(r.passed for r in rows) else 1
 

@@ -160,10 +160,10 @@ def trace_file_is_ours(rel: str) -> bool:
 
 def package_file_is_ours(rel: str) -> bool:
     """Files the convert stage writes into a package folder (``ncnn/``, ``specs/``, ``assets/``,
-    ``golden/``, ``cases/``, ``model.json``, the manifest, the progress record)."""
+    ``golden/``, ``cases/``, ``model.json``, ``policy.json``, the manifest, the progress record)."""
     top = rel.split("/", 1)[0]
     return (top in ("ncnn", "specs", "assets", "golden", "cases") and "/" in rel) or rel in (
-        "manifest.json", "model.json", ".progress.json") or _is_temp(rel)
+        "manifest.json", "model.json", "policy.json", ".progress.json") or _is_temp(rel)
 
 
 def refuse_foreign_files(folder: Path, is_ours: Any) -> None:
@@ -408,6 +408,10 @@ def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> No
     ``STREAM_TRACES_ABOVE`` bytes of weights, where convert streams one module at a time so as
     never to hold the model, they are left out and a line says so (``verify`` then has no e2e
     rows; the golden vectors still cover every graph)."""
+    # The tolerance policy travels with the package, so `verify` on a device judges each backend
+    # and precision by the same budgets as parity (Vulkan rows by the Vulkan modes).
+    if prep.port.policy_path.is_file():
+        shutil.copyfile(prep.port.policy_path, dest / "policy.json")
     description = prep.port.runtime_description(prep.loaded)
     if description is None:
         return

@@ -13,7 +13,7 @@ import importlib.metadata
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ncnnport.contract import Tolerance
 from ncnnport.metrics import compare, judge
@@ -70,24 +70,49 @@ def _tolerance(spec: Mapping[str, Any], output: str) -> Tolerance:
     return Tolerance(**found) if found else Tolerance()
 
 
+def judging_mode(options: RuntimeOptions) -> str:
+    """The policy mode that judges a run on ``options``: its precision on its backend."""
+    from ncnnport.runtime import precision
+
+    return precision.judging_mode(precision.of_options(options), options.use_vulkan)
+
+
+def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str) -> Callable[[str], Tolerance]:
+    """Per-output gate of graph ``name``: the spec's own (fp32) gates, or, in another mode, the
+    packaged policy's budget for that mode; a package without a policy can only judge fp32."""
+    if mode == "fp32":
+        return lambda output: _tolerance(spec, output)
+    policy_file = folder / "policy.json"
+    if not policy_file.is_file():
+        raise PackageError(f"{policy_file}: missing; this package can be verified in fp32 on the CPU only "
+                           f"(asked for {mode})")
+    from ncnnport.parity.policy import Policy
+
+    gates = Policy.load(policy_file).module(name, mode)
+    return lambda output: gates.get(output, gates["*"])
+
+
 def golden_checks(reader: PackageReader, options: RuntimeOptions) -> list[Check]:
     """Every graph of a checked package on ``options``' backend against its golden outputs, one
-    row per graph and case (each graph opened for its own rows only)."""
+    row per graph and case (each graph opened for its own rows only), judged in the mode of that
+    backend and precision."""
     from ncnnport.runtime.session import NcnnModule
 
+    mode = judging_mode(options)
     rows = []
     for name, spec in reader.specs.items():
         path = golden_path(reader.folder, name)
         if not path.is_file():
             rows.append(Check("golden", name, False, f"{path}: missing"))
             continue
+        gate = _gates(reader.folder, name, spec, mode)
         module = NcnnModule(reader.param(name), reader.bin(name), spec, options)
         for k, case in enumerate(read_golden(path)):
             outs = module.run(case.inputs)
             bad, worst = [], 0.0
             for t, ref, got in zip(module.outputs, case.outputs, outs):
                 stats = compare(ref, got, what=f"{name}/{t.name}", feature_axis=t.feature_axis)
-                ok, why = judge(stats, _tolerance(spec, t.name))
+                ok, why = judge(stats, gate(t.name))
                 worst = max(worst, stats.max_abs / max(stats.ref_absmax, 1e-30))
                 if not ok:
                     bad.append(f"{t.name}: {why}")
