@@ -77,6 +77,7 @@ def test_base_install_verifies_archive_and_runs_it_like_the_full_install(model, 
     r = run(base_bin / "ncnnport", "verify", archive, cwd=tmp_path)
     assert "FAIL" not in r.stdout and "| case |" in r.stdout, r.stdout
     pkg = build / model / "tiny" / "package"
+    assert run(base_bin / "ncnnport", "check", "--package", pkg, cwd=tmp_path).stdout.strip().endswith("OK")
     args = ["run", model, *(str(pkg / a) if a.startswith("cases/") else a for a in CASES[model]), "--package", archive]
     base = run(base_bin / "ncnnport", *args, cwd=tmp_path)
     full = cli(*args)
