@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib.util
 import os
 import subprocess
 import sys
@@ -534,6 +535,41 @@ def user_error(exc: BaseException) -> str | None:
     return None
 
 
+EXPORT_MODULES = ("torch", "transformers", "pnnx")
+EXPORT_HINT = "pip install 'ncnnport[export]'"
+EXPORT_VERBS = frozenset({"export", "convert", "parity", "bench", "nightly", "pack"})
+
+
+def needs_export(args: argparse.Namespace) -> bool:
+    """Whether a parsed command builds, traces or converts the reference (the ``export`` extra):
+    the export verbs, ``pack`` (it converts when needed), ``run``/``check`` of a model's build
+    rather than a given package, and ``isa-replay dump`` (torch reference cases)."""
+    if args.verb in EXPORT_VERBS:
+        return True
+    if args.verb in ("run", "check"):
+        return args.package is None
+    return args.verb == "isa-replay" and args.step == "dump"
+
+
+def importable(name: str) -> bool:
+    """Whether ``import name`` would find a module, without importing it (a meta-path hook that
+    refuses the name counts as not installed)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_export_line(verb: str) -> str | None:
+    """The one line for a verb run on the base distribution alone: which export modules are
+    missing and the install command; None when all are there."""
+    missing = [m for m in EXPORT_MODULES if not importable(m)]
+    if not missing:
+        return None
+    return (f"ncnnport {verb}: error: needs the export extra ({', '.join(missing)} not installed); "
+            f"{EXPORT_HINT} (run --package and verify need only the base install)")
+
+
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Parse ``argv``; only ``test`` passes unknown arguments on (to pytest)."""
     if argv and argv[0] == "test":
@@ -551,6 +587,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
                "nightly": cmd_nightly, "bench-package": cmd_bench_package,
                "isa-replay": cmd_isa_replay, "verify": cmd_verify, "pack": cmd_pack}[args.verb]
+    if needs_export(args) and (line := missing_export_line(args.verb)) is not None:
+        say(line, sys.stderr)
+        return 2
     from ncnnport.convert.pnnx_runner import Terminated
     try:
         return handler(args)

@@ -1,6 +1,6 @@
 """What a SeedVR2 package records for a runtime without torch (``model.json``, the positive
-text embedding) and its packaged e2e cases: input frames and the torch reference's restored
-frames as sha256 + statistics, with the seed and area that produced them.
+text embedding) and its packaged e2e cases: input frames, the explicit noise, and the torch
+reference's restored frames as sha256 + statistics, with the seed and area that produced them.
 
 SeedVR2 has no torch-free runtime yet (its resize, colour fix, noise draws and DiT host ops use
 torch), so ``verify`` cannot run these cases; they are the expected values such a runtime, or a
@@ -54,6 +54,19 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def noise_npz(x_T: np.ndarray, posterior: np.ndarray | None) -> bytes:
+    """The case's explicit noise as an ``.npz`` of float32 arrays (``x_T`` and, when the
+    posterior is sampled, ``posterior``; channel-first like the draws): a runtime without torch
+    cannot redraw torch's generator, so the case carries the values its expected frames used.
+    Plain numeric arrays: read back with ``allow_pickle=False``."""
+    arrays = {"x_T": np.ascontiguousarray(x_T, dtype=np.float32)}
+    if posterior is not None:
+        arrays["posterior"] = np.ascontiguousarray(posterior, dtype=np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 def _png(frame: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -70,8 +83,8 @@ def frame_summary(frames: np.ndarray) -> dict[str, Any]:
 
 
 def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[PackageCase]:
-    """Single-image cases: the PNG, and the torch reference's restored frames for the seed and
-    area the run verb would use."""
+    """Single-image cases: the PNG, the noise drawn for the seed (``noise.npz``), and the torch
+    reference's restored frames for the seed and area the run verb would use."""
     from ncnnport.models.seedvr2.config import OFFICIAL_SEED
     from ncnnport.models.seedvr2.pipeline import TorchBackend, restore
     from PIL import Image
@@ -85,7 +98,8 @@ def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[Packag
             video = np.asarray(im.convert("RGB"), dtype=np.uint8)[None]
         area = area_of(loaded, *video.shape[1:3])
         result = restore(ref.config, backend, video, ref.text.numpy(), seed=OFFICIAL_SEED, area=area)
-        out.append(PackageCase(fx.label, {"input.png": png}, {"frames": "input.png"},
+        files = {"input.png": png, "noise.npz": noise_npz(result.noise.x_T, result.noise.posterior)}
+        out.append(PackageCase(fx.label, files, {"frames": "input.png", "noise": "noise.npz"},
                                expected={**frame_summary(result.frames), "noise": result.noise.record()},
                                args={"seed": OFFICIAL_SEED, "area": area, "colour_fix": True}))
     return out

@@ -53,6 +53,29 @@ def test_case_expectations_reproduce_from_the_packaged_input(built):
     assert frame_summary(result.frames)["frames_sha256"] == case.expected["frames_sha256"]
 
 
+def test_case_noise_is_stored_and_reproduces_the_expected_frames(built):
+    """Each case carries its x_T and posterior noise as float32 npz (hashed in the manifest): fed
+    back explicitly, they give the expected frames, so a runtime without torch's generator can."""
+    from ncnnport.models.seedvr2.describe import frame_summary
+    from ncnnport.models.seedvr2.pipeline import Noise, TorchBackend, restore
+    from ncnnport.models.seedvr2.port import read_frames
+    from ncnnport.package.cases import read_cases
+
+    prep, pkg = built
+    ref = prep.loaded.reference
+    manifest = json.loads((pkg / "manifest.json").read_text())["files"]
+    for case in read_cases(pkg):
+        assert f"cases/{case.name}/noise.npz" in manifest
+        with np.load(case.inputs["noise"], allow_pickle=False) as z:
+            assert sorted(z.files) == ["posterior", "x_T"] and all(z[k].dtype == np.float32 for k in z.files)
+            noise = Noise(x_T=z["x_T"], posterior=z["posterior"])
+        seeded = Noise.seeded(noise.x_T.shape, case.args["seed"])
+        assert np.array_equal(noise.x_T, seeded.x_T) and np.array_equal(noise.posterior, seeded.posterior)
+        result = restore(ref.config, TorchBackend(ref.dit, ref.vae), read_frames(case.inputs["frames"]),
+                         ref.text.numpy(), noise, area=case.args["area"])
+        assert frame_summary(result.frames)["frames_sha256"] == case.expected["frames_sha256"]
+
+
 def test_verify_without_torch_passes_goldens_and_names_the_unrun_cases(built, tmp_path):
     _, pkg = built
     r = cli("verify", pkg, env=blocking_env(tmp_path / "block"))
