@@ -426,12 +426,7 @@ class SeedVR2Port(KitPort):
             mods.release_all()
         return out
 
-    # --- bench (models/seedvr2/bench.py; tables and torch_call through the kit) ---------------------
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
-        from ncnnport.models.seedvr2.bench import stage_bytes
-
-        return stage_bytes(loaded.reference, stage)
-
+    # --- bench (models/seedvr2/bench.py; tables, torch_call and bytes through the kit) ----------------
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
         """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0: pre
         graph, every window's attention, post graph; ``dit`` is the whole DiT."""

@@ -24,6 +24,7 @@ from ncnnport.runtime import masks
 from ncnnport.runtime.rope import cos_sin, inv_freq
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 from ncnnport.runtime.sampling import greedy
+from ncnnport.runtime.variants import with_variant
 
 VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
 DECODE = "decode"  # the graph variant of the one-token steps (specs.decode_variant); here so the
@@ -216,6 +217,17 @@ class Generation:
     first_logits: np.ndarray
     tokens: list[int] = field(default_factory=list)
     step_logits: list[np.ndarray] = field(default_factory=list)
+
+
+def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The graphs of the one-token steps: the layers' and head's ``decode`` variants (InnerProduct)
+    when the graphs store fp16 (``--precision fp16-*``), because only InnerProduct reads fp16
+    weights on x86 (about half the bytes per token); None under fp32/bf16 storage, where the
+    prompt graphs serve the steps too. The variants keep the graphs' own options."""
+    options = getattr(next(iter(modules.values())), "options", None)  # torch runners have none
+    if options is None or not options.fp16_storage:
+        return None
+    return {n: m for n, m in with_variant(modules, DECODE).items() if m is not modules[n]}
 
 
 def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
