@@ -359,7 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.package is not None:
         return run_from_package(port, args)
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import LazyModules
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     note = seeded_note(t)
     if note:
@@ -371,11 +371,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force, fp16_weights=setting.fp16_weights)
     options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
-    if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
-        from ncnnport.runtime.lazy_modules import LazyModules
-        modules = LazyModules(pkg, options=options)
-    else:
-        modules = open_ncnn_modules(pkg, options=options)
+    # the one runner lifecycle: a graph opens when the port first uses it, and a port may release it
+    modules = LazyModules(pkg, options=options)
     return int(port.run(prep.loaded, modules, margs) or 0)
 
 

@@ -33,28 +33,6 @@ from ncnnport.runtime.lazy_modules import LazyModules
 ROWS = 16  # prompt positions whose next-token argmax is compared
 
 
-class OneAtATime:
-    """Mapping view of a :class:`LazyModules` that releases the previous graph when another one
-    is looked up: a pipeline walking graphs in order holds one at a time."""
-
-    def __init__(self, modules: LazyModules) -> None:
-        self.modules, self.current = modules, None
-
-    def __getitem__(self, name: str) -> Any:
-        if self.current is not None and self.current != name:
-            self.modules.release(self.current)
-        self.current = name
-        return self.modules[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.modules
-
-    def close(self) -> None:
-        if self.current is not None:
-            self.modules.release(self.current)
-            self.current = None
-
-
 def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Causal additive mask ``[1,1,S,S]``, transformers' own RoPE (cos, sin) and positions."""
     positions = torch.arange(n)[None]
@@ -90,8 +68,7 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
 
     cfg = vl.cfg
     mem = PhaseMemory()
-    ncnn = LazyModules(package)
-    one = OneAtATime(ncnn)
+    ncnn = LazyModules(package, resident=1)   # walking graphs in order holds one at a time
     image = process_image(fixture.image(), cfg.vision, cfg.processor)
     ids = encode_prompt(tokenizer, fixture.prompt, image.num_tokens, cfg.system_prompt)
     n = int(ids.size)
@@ -109,8 +86,8 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
         return feats, merger(torch.from_numpy(feats)).numpy()
 
     ref_vision, ref_merged = mem.run("vision_torch", torch_vision)
-    cand_vision, cand_merged = mem.run("vision_ncnn", lambda: encode_image(one, image, cfg))
-    one.close()
+    cand_vision, cand_merged = mem.run("vision_ncnn", lambda: encode_image(ncnn, image, cfg))
+    ncnn.release_all()
     recs.append(stage_record(fx, "vision", ref_vision, cand_vision, tol_for("vision"), **extra))
     recs.append(stage_record(fx, "visual_tokens", ref_merged, cand_merged, tol_for("visual_tokens"), **extra))
 
@@ -141,13 +118,13 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
                         position_embeddings=cos_sin)
             out = (out[0] if isinstance(out, tuple) else out)[0].numpy()
             del layer
-            graph = one[name]
+            graph = ncnn[name]
             local = graph.run([ref_h[None], *graph_in])[0][0]
             prop = graph.run([cand_h[None], *graph_in])[0][0]
             return out, local, prop
 
         out, local, prop = mem.run(name, step)
-        one.close()
+        ncnn.release_all()
         rl = stage_record(fx, f"{name}/local", out, local, layer_tol(name), **extra)
         rp = stage_record(fx, f"{name}/propagated", out, prop, tol_for("hidden"), **extra)
         recs += [rl, rp]
@@ -167,14 +144,14 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
     def ncnn_head() -> tuple[np.ndarray, np.ndarray]:
         prop, local = [], []
         for shard in shards:  # one shard graph open at a time
-            graph = one[shard.name]
+            graph = ncnn[shard.name]
             prop.append(np.stack([graph.run([np.ascontiguousarray(cand_h[None, j:j + 1])])[0].reshape(-1)
                                   for j in range(n - last, n)]))
             local.append(graph.run([np.ascontiguousarray(ref_h[None, -1:])])[0].reshape(-1))
         return np.concatenate(prop, axis=-1), np.concatenate(local)
 
     cand_logits, local_last = mem.run("head_ncnn", ncnn_head)
-    one.close()
+    ncnn.release_all()
     recs.append(stage_record(fx, f"{LM_HEAD}/local", ref_logits[-1:], local_last[None], layer_tol(LM_HEAD), **extra))
     recs.append(stage_record(fx, "last_logits", ref_logits[-1:], cand_logits[-1:], tol_for("last_logits"), **extra))
     # teacher-forced next-token argmax at the last prompt positions; a flip reports the reference's
