@@ -28,6 +28,7 @@ import torch
 from ncnnport.contract import Tolerance
 from ncnnport.memory import PhaseMemory
 from ncnnport.parity.records import stage_record, token_record
+from ncnnport.parity.streamed import Chain, ChainStage, run_chain, worst
 from ncnnport.runtime.lazy_modules import LazyModules
 
 ROWS = 16  # prompt positions whose next-token argmax is compared
@@ -108,29 +109,26 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
     # --- LLM layers: transformers' decoder layer vs llm_layer{i}, local and propagated ----------
     mask, cos_sin, positions = _hf_layer_inputs(vl, n)
     graph_in = _layer_graph_inputs(cfg, n)
-    worst_local = worst_prop = None
-    for i in range(cfg.text.num_hidden_layers):
+
+    def layer_stage(i: int) -> ChainStage:
         name = layer_name(i)
 
-        def step() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def reference(h: np.ndarray) -> np.ndarray:
             layer = vl.part(f"model.layers.{i}")
-            out = layer(torch.from_numpy(ref_h)[None], attention_mask=mask, position_ids=positions,
+            out = layer(torch.from_numpy(h)[None], attention_mask=mask, position_ids=positions,
                         position_embeddings=cos_sin)
-            out = (out[0] if isinstance(out, tuple) else out)[0].numpy()
-            del layer
-            graph = ncnn[name]
-            local = graph.run([ref_h[None], *graph_in])[0][0]
-            prop = graph.run([cand_h[None], *graph_in])[0][0]
-            return out, local, prop
+            return (out[0] if isinstance(out, tuple) else out)[0].numpy()
 
-        out, local, prop = mem.run(name, step)
-        ncnn.release_all()
-        rl = stage_record(fx, f"{name}/local", out, local, layer_tol(name), **extra)
-        rp = stage_record(fx, f"{name}/propagated", out, prop, tol_for("hidden"), **extra)
-        recs += [rl, rp]
-        worst_local = rl if worst_local is None or rl["cosine"] < worst_local["cosine"] else worst_local
-        worst_prop = rp if worst_prop is None or rp["cosine"] < worst_prop["cosine"] else worst_prop
-        ref_h, cand_h = out, prop
+        return ChainStage(name, reference, lambda h: ncnn[name].run([h[None], *graph_in])[0][0], [name],
+                          tol=tol_for("hidden"), local_tol=layer_tol(name),
+                          propagated_as=f"{name}/propagated", one_phase=True)
+
+    chain = Chain(fx, mem, ncnn, extra, recs)
+    first = len(recs)
+    ref_h, cand_h = run_chain(chain, [layer_stage(i) for i in range(cfg.text.num_hidden_layers)], ref_h, cand_h)
+    layer_rows = recs[first:]
+    worst_local = worst([r for r in layer_rows if r["stage"].endswith("/local")])
+    worst_prop = worst([r for r in layer_rows if r["stage"].endswith("/propagated")])
 
     # --- head: last ``rows`` positions, torch first, released before ncnn opens its copy --------
     last = min(rows, n)
@@ -160,9 +158,6 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
                              list(ref_logits), stage="next_token_argmax", min_tokens=last, **extra))
     summary = {"phases": mem.phases,
                "peak_rss_mb": max(p["peak_rss_mb"] for p in mem.phases.values()),
-               "worst_local_layer": worst_local and {"stage": worst_local["stage"], "cosine": worst_local["cosine"],
-                                                      "max_abs": worst_local["max_abs"]},
-               "worst_propagated_layer": worst_prop and {"stage": worst_prop["stage"], "cosine": worst_prop["cosine"],
-                                                          "max_abs": worst_prop["max_abs"]},
+               "worst_local_layer": worst_local, "worst_propagated_layer": worst_prop,
                "ncnn_opens": ncnn.opens, "ncnn_peak_live": ncnn.peak_live}
     return recs, summary
