@@ -21,7 +21,7 @@ from ncnnport.models.youtu_vl.pipeline import (EMBED, decode_runners, encode_ima
 from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
-from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope import span
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
                                       "layers": ("16", "512")}
@@ -67,13 +67,12 @@ def decode_inputs(vl: Any, past: int, seed: int = 0) -> dict[str, Any]:
     ``past``, the mask over dummy + past + self, and a random per-layer latent cache."""
     t = vl.cfg.text
     rng = np.random.default_rng(seed)
-    cos, sin = cos_sin(np.array([past]), inv_freq(t.qk_rope_head_dim, t.rope_theta))
-    mask = masks.causal(1, past + 1)
-    mask[:, :, 0] = masks.MASKED  # row 0 of the cache is the dummy the pipeline always hides
+    cos, sin = span(past, 1, t.qk_rope_head_dim, t.rope_theta)
+    mask = masks.causal(1, past + 1, hidden=(0,))  # row 0 of the cache is the dummy the pipeline always hides
     layers = [(rng.standard_normal((1, past + 1, t.kv_lora_rank)).astype(np.float32),
                rng.standard_normal((1, past + 1, t.qk_rope_head_dim)).astype(np.float32))
               for _ in range(t.num_hidden_layers)]
-    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos[None], "sin": sin[None],
+    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos, "sin": sin,
             "mask": mask, "cache": layers}
 
 
