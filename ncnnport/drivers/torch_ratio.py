@@ -20,7 +20,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 
-
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """torch's intra-op thread count set to ``threads`` for the body and restored on exit, error
