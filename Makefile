@@ -2,6 +2,7 @@
 # Targets mirror the CLI verbs and take the same options:
 #   make parity [MODEL=qwen3-asr] [PRESET=tiny] [CKPT=/path/to/hf-folder] [LAYERS=K] [ARGS="--input a.wav"]
 #   make run MODEL=qwen3-asr ARGS="--audio clip.wav"
+#   PRECISION=fp16-storage (run, parity, bench; runtime/precision.py lists the vocabulary)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,9 +11,13 @@ PRESET ?= tiny
 CKPT ?=
 LAYERS ?=
 ARGS ?=
+PRECISION ?=
+# the speed table runs once per entry (same vocabulary as PRECISION)
+PERF_PRECISIONS ?= fp32 fp16-storage
 STAMP := $(VENV)/.ncnnport-installed
 
 MODEL_OPTS = $(MODEL) --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS))
+PRECISION_OPT = $(if $(PRECISION),--precision $(PRECISION))
 
 .PHONY: setup export convert parity report check run test bench bench-perf nightly clean
 
@@ -28,23 +33,29 @@ $(STAMP): pyproject.toml
 export: $(STAMP)
 	$(BIN)/ncnnport export $(MODEL_OPTS) $(ARGS)
 
-convert parity report check bench: $(STAMP)
+convert report check: $(STAMP)
 	$(BIN)/ncnnport $@ $(MODEL_OPTS) $(ARGS)
+
+parity bench: $(STAMP)
+	$(BIN)/ncnnport $@ $(MODEL_OPTS) $(PRECISION_OPT) $(ARGS)
 
 # Speed at real layer dims (every model unless MODEL=...): ncnn vs PyTorch eager on the same work
 # and thread count (decode per token at positions ~100 and ~1000, Youtu-VL vision 448/1024, SeedVR2
-# DiT block and VAE 256/512), against the memory-bandwidth bound measured in the same run.
+# DiT block and VAE 256/512), against the memory-bandwidth bound measured in the same run; one
+# table per entry of PERF_PRECISIONS (PRECISION=X: that one only).
 bench-perf: PRESET = real
 bench-perf: LAYERS = 4
 bench-perf: $(STAMP)
-	$(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) OMP_NUM_THREADS=$(or $(THREADS),1) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(ARGS)
+	set -e; for p in $(or $(PRECISION),$(PERF_PRECISIONS)); do \
+	  $(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) OMP_NUM_THREADS=$(or $(THREADS),1) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) --precision $$p $(ARGS); \
+	done
 
 nightly: $(STAMP)
 	$(BIN)/ncnnport nightly $(ARGS)
 
 run: $(STAMP)
 	@test -n "$(MODEL)" || (echo "make run needs MODEL=..." >&2; exit 2)
-	$(BIN)/ncnnport run $(MODEL_OPTS) $(ARGS)
+	$(BIN)/ncnnport run $(MODEL_OPTS) $(PRECISION_OPT) $(ARGS)
 
 # Vulkan tests run on lavapipe (software Vulkan) where no GPU is present: .ci/vulkan-driver installs
 # Debian's mesa-vulkan-drivers when missing (as root with apt-get; otherwise it says so).

@@ -166,6 +166,10 @@ class KitPort(ModelPort):
             raise ValueError(f"{self.name}: its torch bench runs on the CPU only (no --torch-device {device})")
         return call(loaded.reference, stage, size, device=device)
 
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str,
+                    precision: str = "fp32") -> dict[str, int] | None:
+        """The bench module's ``stage_bytes(reference, stage, size, precision)`` (a Precision)."""
+        from ncnnport.runtime.precision import get
+
         fn = getattr(self._own(self.bench_module), "stage_bytes", None)
-        return None if fn is None else fn(loaded.reference, stage, size)
+        return None if fn is None else fn(loaded.reference, stage, size, get(precision))

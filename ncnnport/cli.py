@@ -234,17 +234,22 @@ def _stage_list(text: str | None) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from ncnnport.drivers.bench import run_bench, run_interleave, write_json
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.drivers.torch_ratio import huge_pages_malloc, torch_ratio_table
+    from ncnnport.drivers.torch_ratio import torch_ratio_table
+
+    from ncnnport.runtime import precision
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
+    setting = precision.get(args.precision)
     out = {}
     for t in _targets(args):
         prep = prepare(t)
-        pkg = convert_stage(prep, force=args.force)
+        ref_pkg = convert_stage(prep, force=args.force)  # the fp32 graphs a reduced precision is judged by
+        pkg = convert_stage(prep, force=args.force, fp16_weights=True) if setting.fp16_weights else ref_pkg
+        prec = {"precision": setting.name, "reference_package": ref_pkg}
         if args.perf and (args.torch_device or backends != ["cpu"]):  # runtimes side by side, with parity
             res = {"devices": _device_perf(args, prep, pkg, backends, sizes)}
-            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-devices.json"
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-devices{_bench_suffix(setting.name, False)}.json"
             write_json(path, res)
             print(f"json: {path}")
             out[t.model] = res
@@ -252,11 +257,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
             perf = prep.port.bench_perf_stages()
             stages = _stage_list(args.stage) or list(perf)
-            print(f"\n## bench --perf {t.model} ({t.source}), threads={args.threads}, runs={args.runs}")
+            print(f"\n## bench --perf {t.model} ({t.source}), threads={args.threads}, runs={args.runs}, "
+                  f"precision={setting.name}")
             res = {"torch_ratio": torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs,
-                                                    stage_sizes={**prep.port.bench_stages(), **perf})}
-            thp = "-hugepages" if huge_pages_malloc() else ""  # a tuned run does not overwrite the plain one
-            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf{thp}.json"
+                                                    stage_sizes={**prep.port.bench_stages(), **perf}, **prec)}
+            path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf{_bench_suffix(setting.name)}.json"
             write_json(path, res)
             print(f"json: {path}")
             out[t.model] = res
@@ -265,18 +270,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not stages:
             print(f"{t.model}: no bench stages")
             continue
-        print(f"\n## bench {t.model} ({t.source}), threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
-        res = {"stages": run_bench(prep, pkg, stages, backends, sizes, args.threads, args.warmup, args.runs)}
+        print(f"\n## bench {t.model} ({t.source}), threads={args.threads}, warmup={args.warmup}, runs={args.runs}, "
+              f"precision={setting.name}")
+        res = {"stages": run_bench(prep, pkg, stages, backends, sizes, args.threads, args.warmup, args.runs, **prec)}
         if args.interleave and len(stages) >= 1:
             pairs = [(s, (sizes or prep.port.bench_stages()[s])[0]) for s in prep.port.bench_stages()]
-            res["interleave"] = run_interleave(prep, pkg, pairs, args.interleave, args.threads)
+            res["interleave"] = run_interleave(prep, pkg, pairs, args.interleave, args.threads, setting.name)
         if args.torch:
-            res["torch_ratio"] = torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs)
-        path = args.build_dir / "reports" / "bench" / f"{t.model}.json"
+            res["torch_ratio"] = torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs, **prec)
+        path = args.build_dir / "reports" / "bench" / f"{t.model}{_bench_suffix(setting.name, False)}.json"
         write_json(path, res)
         print(f"json: {path}")
         out[t.model] = res
     return 0
+
+
+def _bench_suffix(precision_name: str, tuned: bool = True) -> str:
+    """The bench JSON name's tail: the precision unless fp32 (so an fp16 run does not overwrite
+    the fp32 one) and, for the speed table, ``-hugepages`` under glibc malloc huge pages."""
+    from ncnnport.drivers.torch_ratio import huge_pages_malloc
+
+    tail = "" if precision_name == "fp32" else f"-{precision_name}"
+    return tail + ("-hugepages" if tuned and huge_pages_malloc() else "")
 
 
 def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[str],
@@ -287,9 +302,9 @@ def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[
     stages = _stage_list(args.stage) or list(perf)
     devices = _stage_list(args.torch_device)
     print(f"\n## bench --perf {prep.target.model} ({prep.target.source}): torch cpu{''.join(',' + d for d in devices)} "
-          f"vs ncnn {','.join(backends)}, threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
+          f"vs ncnn {','.join(backends)} ({args.precision}), threads={args.threads}, warmup={args.warmup}, runs={args.runs}")
     return device_table(prep, pkg, stages, sizes, backends, devices, args.threads, args.warmup, args.runs,
-                        stage_sizes={**prep.port.bench_stages(), **perf})
+                        stage_sizes={**prep.port.bench_stages(), **perf}, precision=args.precision)
 
 
 def cmd_bench_package(args: argparse.Namespace) -> int:
@@ -345,7 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.package is not None:
         return run_from_package(port, args)
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import LazyModules
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     note = seeded_note(t)
     if note:
@@ -357,11 +372,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         prep = prepare(t)
         pkg = convert_stage(prep, force=args.force, fp16_weights=setting.fp16_weights)
     options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
-    if getattr(port, "lazy_modules", False):  # the port opens (and may release) graphs as it needs them
-        from ncnnport.runtime.lazy_modules import LazyModules
-        modules = LazyModules(pkg, options=options)
-    else:
-        modules = open_ncnn_modules(pkg, options=options)
+    # the one runner lifecycle: a graph opens when the port first uses it, and a port may release it
+    modules = LazyModules(pkg, options=options)
     return int(port.run(prep.loaded, modules, margs) or 0)
 
 
@@ -464,6 +476,7 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                         "with --torch-device or a non-cpu backend: one row per runtime with parity vs torch cpu")
     p.add_argument("--torch-device", default=None, metavar="DEV[,DEV]",
                    help="with --perf: also time PyTorch eager on these torch devices (e.g. cuda)")
+    _precision_option(p)
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

@@ -161,9 +161,10 @@ class ModelPort(ABC):
         """Stages and sizes of the speed table (``bench --perf``); default: every bench stage."""
         return self.bench_stages()
 
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
-        """Bytes one call of a bench stage must read (``{"weights": .., "kv_cache": ..}``), for
-        the memory-bandwidth bound; None when unknown."""
+    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str,
+                    precision: str = "fp32") -> dict[str, int] | None:
+        """Bytes one call of a bench stage must read under ``precision`` (``{"weights": ..,
+        "kv_cache": ..}``), for the memory-bandwidth bound; None when unknown."""
         return None
 
 

@@ -11,12 +11,14 @@ import numpy as np
 MASKED = np.float32(-1e30)
 
 
-def causal(q_len: int, past_len: int = 0) -> np.ndarray:
-    """``[1, q_len, past_len + q_len]``: query i sees keys ``0 .. past_len + i``."""
+def causal(q_len: int, past_len: int = 0, hidden: Sequence[int] = ()) -> np.ndarray:
+    """``[1, q_len, past_len + q_len]``: query i sees keys ``0 .. past_len + i`` except the
+    ``hidden`` key positions (e.g. a cache's placeholder row, which no query may attend to)."""
     total = past_len + q_len
     key = np.arange(total)[None, :]
     query = past_len + np.arange(q_len)[:, None]
     mask = np.where(key <= query, np.float32(0), MASKED).astype(np.float32)
+    mask[:, list(hidden)] = MASKED
     return mask[None]
 
 

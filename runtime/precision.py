@@ -32,6 +32,13 @@ class Precision:
         """``base`` with exactly this precision's flags (the others reset, threads/backend kept)."""
         return base.with_(**{k: bool(self.flags.get(k, False)) for k in PRECISION_FIELDS})
 
+    @property
+    def inner_product_weight_bytes(self) -> int:
+        """Bytes per weight an ncnn InnerProduct reads per call on x86: 2 under
+        ``use_fp16_storage`` (the layer converts its weights to fp16 at load), else 4 (a pnnx
+        fp16-weights package is widened to fp32 when loaded). For the bandwidth bound."""
+        return 2 if self.flags.get("fp16_storage") else 4
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "flags": dict(self.flags),
                 "fp16_weights": self.fp16_weights}

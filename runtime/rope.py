@@ -28,3 +28,11 @@ def cos_sin(positions: np.ndarray, freqs: np.ndarray) -> tuple[np.ndarray, np.nd
     angles = pos * freqs.astype(np.float32).reshape(1, -1)
     emb = np.concatenate([angles, angles], axis=-1)
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def span(start: int, length: int, rotary_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin ``[1, length, rotary_dim]`` (with the batch axis graphs take) for the positions
+    ``start .. start + length - 1``: the RoPE inputs of a prefill (start 0 or the cache length)
+    and of one decode step (length 1), in every model's example inputs, bench inputs and pipeline."""
+    cos, sin = cos_sin(np.arange(start, start + length), inv_freq(rotary_dim, theta))
+    return cos[None], sin[None]

@@ -8,15 +8,13 @@ is the decode layers alone. Both run the pipeline's own decode path
 (:meth:`~.pipeline.Qwen3ASRPipeline.decode_step` over a preallocated cache holding P positions,
 the new rows discarded after each call), so the bench measures what ``generate`` runs.
 
-``*_fp16`` stages are the same work with fp16 InnerProduct weights (ncnn ``use_fp16_storage``
-on the decode layers and the head; on x86 that option changes InnerProduct weights only,
-activations stay fp32). Their factory prints the logits' / hidden state's deviation from the
-fp32 graphs on the same inputs against the policy's ``fp16`` budget.
+``bench --precision fp16-storage`` runs the same stages with fp16 InnerProduct weights (on x86
+that option changes InnerProduct weights only, activations stay fp32): the driver opens the
+graphs under the precision and judges the first output against the fp32 graphs.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -26,33 +24,14 @@ from ncnnport.models.qwen3_asr.features import extract_features
 from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
 
 STAGES: dict[str, list[str]] = {"audio_encoder": ["2", "10"], "decode": ["16", "512"], "token": ["100", "1000"]}
-# The speed table of `make bench-perf`: a whole token (embed row + every decode layer + final
-# norm + tied head) and the decode layers alone, at positions ~100 and ~1000, in fp32 and with
-# fp16 InnerProduct weights.
-PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"],
-                                     "token_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"]}
-FP16_SUFFIX = "_fp16"
+# The speed table of `make bench-perf` (once per --precision): a whole token (embed row + every
+# decode layer + final norm + tied head) and the decode layers alone, at positions ~100 and ~1000.
+PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"]}
 TOKEN_ID = 11
-
-# the model's tolerance policy (beside this file, as ModelPort.policy_path finds it)
-POLICY = Path(__file__).with_name("policy.json")
 
 
 def _seconds(size: str) -> float:
     return float(size.rstrip("s"))
-
-
-def _fp16_modules(modules: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
-    """``modules`` with ``names`` reopened from the same files under ``use_fp16_storage``."""
-    from ncnnport.fsutil import read_json
-    from ncnnport.runtime.session import NcnnModule
-
-    out = dict(modules)
-    for n in names:
-        m = modules[n]
-        spec = read_json(m.param.parent.parent / "specs" / f"{n}.spec.json")
-        out[n] = NcnnModule(m.param, m.weights, spec, m.options.with_(fp16_storage=True))
-    return out
 
 
 def filled_cache(pipe: Any, past: int, seed: int = 0):
@@ -67,13 +46,6 @@ def filled_cache(pipe: Any, past: int, seed: int = 0):
     return cache
 
 
-def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
-    from ncnnport.parity.policy import Policy
-    from ncnnport.runtime.bench import print_fidelity
-
-    print_fidelity("qwen3-asr", stage, size, got, ref, Policy.load(POLICY).default("fp16"))
-
-
 def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> Callable[[], list[np.ndarray]]:
     from ncnnport.models.qwen3_asr.runtime import make_pipeline
 
@@ -81,33 +53,15 @@ def ncnn_call(model: Any, modules: Mapping[str, Any], stage: str, size: str) -> 
         pipe = make_pipeline(modules, model)
         feats = extract_features(synth_speechlike(_seconds(size), seed=5))
         return lambda: [pipe.encode(feats.features, feats.mask)["audio_embeds"]]
-    base = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
-    if base not in ("decode", "token"):
+    if stage not in ("decode", "token"):
         raise ValueError(f"qwen3-asr: no bench stage {stage!r}")
     d = specs.dims(model)
-    past = int(size)
-    fp32_pipe = make_pipeline(modules, model)
-    pipe = fp32_pipe
-    if base != stage:
-        pipe = make_pipeline(_fp16_modules(modules, [*specs.layer_names(d)["decode"], "lm_head"]), model)
-    cache = filled_cache(pipe, past)
+    pipe = make_pipeline(modules, model)
+    cache = filled_cache(pipe, int(size))
     h = np.random.default_rng(1).standard_normal((1, d["hidden"])).astype(np.float32)
-
-    if base == "decode":
-        def call() -> list[np.ndarray]:
-            return [pipe.decode_step(h, cache, commit=False)]
-
-        def ref() -> np.ndarray:
-            return fp32_pipe.decode_step(h, cache, commit=False)
-    else:
-        def call() -> list[np.ndarray]:
-            return [pipe._logits(pipe.decode_step(pipe.embed_token(TOKEN_ID), cache, commit=False))]
-
-        def ref() -> np.ndarray:
-            return fp32_pipe._logits(fp32_pipe.decode_step(fp32_pipe.embed_token(TOKEN_ID), cache, commit=False))
-    if base != stage:
-        _fidelity(stage, size, call()[0], ref())
-    return call
+    if stage == "decode":
+        return lambda: [pipe.decode_step(h, cache, commit=False)]
+    return lambda: [pipe._logits(pipe.decode_step(pipe.embed_token(TOKEN_ID), cache, commit=False))]
 
 
 def _bytes(module: Any, linear_bytes: int) -> int:
@@ -122,19 +76,19 @@ def _bytes(module: Any, linear_bytes: int) -> int:
     return total
 
 
-def stage_bytes(model: Any, stage: str, size: str) -> dict[str, int] | None:
+def stage_bytes(model: Any, stage: str, size: str, precision: Any = None) -> dict[str, int] | None:
     """Bytes one call must read at least: weights of the graphs it runs, and the K/V cache.
 
-    ``*_fp16`` stages count Linear weights (ncnn InnerProduct) at 2 bytes, the rest at 4."""
+    Linear weights (ncnn InnerProduct) count at the ``precision``'s InnerProduct width (2 bytes
+    under fp16 storage), the rest at 4."""
     d = specs.dims(model)
-    base = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
-    if base not in ("decode", "token"):
+    if stage not in ("decode", "token"):
         return None
-    width = 2 if base != stage else 4
+    width = 4 if precision is None else precision.inner_product_weight_bytes
     text = "model.language_model"
     sk = model.skeleton
     weights = sum(_bytes(sk.get_submodule(f"{text}.layers.{i}"), width) for i in range(d["layers"]))
-    if base == "token":  # the head table + final norm + one embedding row (ncnn Embed reads fp32)
+    if stage == "token":  # the head table + final norm + one embedding row (ncnn Embed reads fp32)
         weights += _bytes(sk.get_submodule(f"{text}.norm"), width) + _bytes(sk.get_submodule("lm_head"), width)
         weights += 4 * d["hidden"]
     kv = 2 * d["layers"] * d["kv_heads"] * int(size) * d["head_dim"] * 4
@@ -196,8 +150,7 @@ def torch_token_call(model: Any, past: int) -> Callable[[], list[np.ndarray]]:
 
 
 def torch_call(model: Any, stage: str, size: str) -> Callable[[], list[np.ndarray]] | None:
-    """transformers eager in float32 (also for the ``*_fp16`` stages: the ratio is vs torch fp32)."""
-    stage = stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
+    """transformers eager in float32 (under every ``--precision``: the ratio is vs torch fp32)."""
     if stage == "decode":
         return torch_decode_call(model, int(size))
     if stage == "token":

@@ -40,8 +40,7 @@ def kv_specs(d: Mapping[str, int], axis: str, prefix: str) -> list[TensorSpec]:
 
 
 def _rope_inputs(d: Mapping[str, int], start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    cos, sin = rope.cos_sin(np.arange(start, start + length), rope.inv_freq(d["head_dim"], d["rope_theta"]))
-    return cos[None], sin[None]
+    return rope.span(start, length, d["head_dim"], d["rope_theta"])
 
 
 def _prefill_inputs(d: Mapping[str, int]):

@@ -122,9 +122,11 @@ def torch_call(model: Any, stage: str, size: str, device: str = "cpu") -> Call:
     return call
 
 
-def stage_bytes(model: Any, stage: str) -> dict[str, int] | None:
+def stage_bytes(model: Any, stage: str, size: str = "", precision: Any = None) -> dict[str, int] | None:
     """Weight bytes one call must read at least (for the bandwidth bound; these stages are
-    compute-bound at 256^2 and above, so the bound is a floor, not a target)."""
+    compute-bound at 256^2 and above, so the bound is a floor, not a target). Counted at fp32
+    width under every precision: the size does not change them, and which of these graphs'
+    layers read fp16 weights under fp16 storage is ncnn's choice per layer type."""
     from ncnnport.models.seedvr2.runner import block_names, decode_stage_names
     from ncnnport.models.seedvr2.specs import module_weight_bytes
 

@@ -163,53 +163,8 @@ def official_record(label: str, official: np.ndarray, ncnn: np.ndarray, tol: Tol
     return rec
 
 
-def spec_json(module: Any) -> dict[str, Any]:
-    """The spec record an NcnnModule was opened with (enough to reopen it)."""
-    def t(x):
-        return {"name": x.name, "shape": list(x.shape), "dtype": x.dtype}
-    return {"name": module.name, "inputs": [t(x) for x in module.inputs], "outputs": [t(x) for x in module.outputs]}
-
-
 def is_block_graph(name: str) -> bool:
     return name.startswith("dit_block_")
-
-
-class StreamedModules:
-    """DiT block graphs loaded right before use and released right after (one block resident).
-
-    Over a lazy mapping (``runtime.lazy_modules.LazyModules``, what the run verb gets) a block
-    graph is opened from disk on ``get`` and dropped on ``release``, so no more than one block
-    graph is ever held. Over an eager mapping (parity, which opened every graph already) each
-    block graph is reopened into a fresh ``NcnnModule``, which checks that a freshly loaded
-    graph gives the same bytes as the resident one.
-    """
-
-    def __init__(self, modules: Mapping[str, Any]) -> None:
-        self.modules = modules
-        self.lazy = callable(getattr(modules, "release", None))
-        self.live: dict[str, Any] = {}
-        self.loads = 0
-        self.peak_live = 0
-
-    def get(self, name: str) -> Any:
-        if not is_block_graph(name):
-            return self.modules[name]
-        if name not in self.live and self.lazy:
-            self.live[name] = self.modules[name]
-            self.loads += 1
-        elif name not in self.live:
-            from ncnnport.runtime.session import NcnnModule
-
-            src = self.modules[name]
-            self.live[name] = NcnnModule(src.param, src.weights, spec_json(src), src.options)
-            self.loads += 1
-        self.peak_live = max(self.peak_live, len(self.live))
-        return self.live[name]
-
-    def release(self, name: str) -> None:
-        self.live.pop(name, None)
-        if self.lazy:
-            self.modules.release(name)
 
 
 class SeedVR2Port(KitPort):
@@ -221,8 +176,6 @@ class SeedVR2Port(KitPort):
 
     name = "seedvr2"
     presets = ("tiny", "real")
-    # the run verb hands over a LazyModules: streamed residency then never holds every block
-    lazy_modules = True
 
     @property
     def layer_stacks(self):  # declared with the config (model.truncate cuts built models with it)
@@ -272,13 +225,16 @@ class SeedVR2Port(KitPort):
 
     @staticmethod
     def graph_backend(loaded: LoadedModel, modules: Mapping[str, Any], streamed: bool = False):
+        """(backend, runners): the pipeline backend over ``modules`` and the runner lifecycle it
+        opens and releases through (``modules`` itself when it is one, the run verb's and the
+        parity driver's ``LazyModules``; else a view over the open graphs). Streamed: each DiT
+        block graph is opened right before its call and released right after."""
         from ncnnport.models.seedvr2.runner import GraphBackend
+        from ncnnport.runtime.lazy_modules import Runners
 
-        cfg = loaded.reference.config
-        if streamed:
-            s = StreamedModules(modules)
-            return GraphBackend(cfg, s.get, s.release, streamed=True), s
-        return GraphBackend(cfg, modules.__getitem__), None
+        runners = modules if isinstance(modules, Runners) else Runners.over(modules)
+        release = runners.release if streamed else None
+        return GraphBackend(loaded.reference.config, runners.get, release, streamed=streamed), runners
 
     @staticmethod
     def _full_width(loaded: LoadedModel) -> bool:
@@ -337,13 +293,16 @@ class SeedVR2Port(KitPort):
             records.append(stage_record(label, "frames", image_rows(a.frames), image_rows(b.frames),
                                         frames_tol, **geo, **image_stats(a.frames, b.frames)))
             if label == residency_fixture:
-                streamed_be, s = self.graph_backend(loaded, ctx.ncnn_modules, streamed=True)
+                streamed_be, runners = self.graph_backend(loaded, ctx.ncnn_modules, streamed=True)
+                runners.release_all(is_block_graph)   # the streamed run loads every block graph itself
+                loads_before = runners.opened(is_block_graph)
                 c = restore(ref.config, streamed_be, video, txt, a.noise, area=area)
+                block_loads = runners.opened(is_block_graph) - loads_before
                 identical = bool(np.array_equal(b.frames, c.frames)) and all(
                     np.array_equal(b.stages[k], c.stages[k]) for k in b.stages if k.startswith("block_"))
                 records.append(stage_record(label, "residency", image_rows(b.frames),
                                             image_rows(c.frames), res_tol, **geo,
-                                            residency="streamed vs resident", block_loads=s.loads,
+                                            residency="streamed vs resident", block_loads=block_loads,
                                             byte_identical=identical, **image_stats(b.frames, c.frames)))
                 if not identical:
                     records[-1]["passed"] = False
@@ -426,12 +385,7 @@ class SeedVR2Port(KitPort):
             mods.release_all()
         return out
 
-    # --- bench (models/seedvr2/bench.py; tables and torch_call through the kit) ---------------------
-    def bench_bytes(self, loaded: LoadedModel, stage: str, size: str) -> dict[str, int] | None:
-        from ncnnport.models.seedvr2.bench import stage_bytes
-
-        return stage_bytes(loaded.reference, stage)
-
+    # --- bench (models/seedvr2/bench.py; tables, torch_call and bytes through the kit) ----------------
     def bench_call(self, loaded: LoadedModel, modules: Mapping[str, Any], stage: str, size: str) -> Any:
         """Sizes are pixel HxW of a single image (T = 1). ``dit_block`` is DiT block 0: pre
         graph, every window's attention, post graph; ``dit`` is the whole DiT."""
@@ -502,13 +456,12 @@ class SeedVR2Port(KitPort):
         precision = _options_of(modules).label  # the CLI's --precision, applied when it opened them
         video = read_frames(args.input)
         area = args.area or self._area(loaded, video.shape[1], video.shape[2])
-        backend, streamer = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
+        backend, runners = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
         noise = self._run_noise(loaded, video, area, args)
         result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(), noise,
                          area=area, colour_fix=not args.no_colour_fix)
         paths = write_frames(result.frames, args.output, single=not Path(args.input).is_dir())
-        held = (modules.live_peak(is_block_graph) if hasattr(modules, "live_peak")
-                else streamer.peak_live if streamer else "all")
+        held = runners.live_peak(is_block_graph)
         rec = noise.record()
         print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output} "
               f"[{precision}, {args.residency}: at most {held} DiT block graph(s) held at once; noise seed "

@@ -24,6 +24,7 @@ import torch
 from ncnnport.contract import Tolerance
 from ncnnport.memory import PhaseMemory as Phases
 from ncnnport.parity.records import stage_record
+from ncnnport.parity.streamed import Chain, ChainStage, run_chain
 
 
 def _emb6(emb: torch.Tensor, dim: int) -> np.ndarray:
@@ -106,40 +107,40 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
     rec("emb6/local", ref_emb6, cand_emb6, local_tol)
 
     # --- every block: the reference block vs its pre + attention + post graphs -----------------
+    # state: reference (video, text) tensors; ncnn (video, text, emb6) arrays with the batch axis
     cos_t, sin_t = ncnn.geometry.text_tables(L)
     plans = {s: ncnn.geometry.plan(grid, s, L) for s in (False, True)}
-    ref_v, ref_t = torch.from_numpy(ref_vid), torch.from_numpy(ref_txt)
-    for i in range(d.num_layers):
-        def torch_block() -> tuple[torch.Tensor, torch.Tensor]:
+
+    def block_stage(i: int) -> ChainStage:
+        def reference(state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
             block = model.part(f"dit.blocks.{i}")
             rope = block.attn.rope
             plan = head.window_plan(grid, block.shifted, L, rope)
             tc, ts = rope.tables(torch.from_numpy(text_positions(L)))
-            return block(ref_v, ref_t, emb, plan, tc, ts)
+            return block(*state, emb, plan, tc, ts)
 
-        new_v, new_t = ph.run(f"block_{i:02d}_torch", torch_block)
+        def graphs(state: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
+            vid, txt, emb6 = state
+            return (*ncnn.block(i, vid, txt, emb6, plans[i % 2 == 1], cos_t, sin_t), emb6)
 
-        def ncnn_block() -> tuple[np.ndarray, np.ndarray]:
-            plan = plans[i % 2 == 1]
-            local, _ = ncnn.block(i, ref_v.numpy()[None], ref_t.numpy()[None], ref_emb6, plan, cos_t, sin_t)
-            prop = ncnn.block(i, cand_vid, cand_txt, cand_emb6, plan, cos_t, sin_t)
-            return local, prop
+        return ChainStage(f"block_{i:02d}", reference, graphs, block_names(i), tol=tol_for("blocks"),
+                          local_tol=local_tol, to_ncnn=lambda r: (r[0].numpy()[None], r[1].numpy()[None], ref_emb6),
+                          compare_ref=lambda r: r[0], compare_ncnn=lambda c: c[0][0])
 
-        local, (cand_vid, cand_txt) = ph.run(f"block_{i:02d}_ncnn", ncnn_block)
-        for name in block_names(i):
-            modules.release(name)
-        rec(f"block_{i:02d}/local", new_v, local[0], local_tol)
-        rec(f"block_{i:02d}", new_v, cand_vid[0], tol_for("blocks"))
-        ref_v, ref_t = new_v, new_t
+    chain = Chain(label, ph, modules, extra, recs)
+    (ref_v, _), (cand_vid, _, _) = run_chain(chain, [block_stage(i) for i in range(d.num_layers)],
+                                             (torch.from_numpy(ref_vid), torch.from_numpy(ref_txt)),
+                                             (cand_vid, cand_txt, cand_emb6))
     modules.release("dit_attention")
 
-    ref_out = head.output_head(ref_v, emb).numpy()
-    local_out = modules["dit_output"].run([ref_v.numpy()[None], ref_emb6])[0][0]
-    cand_out = modules["dit_output"].run([cand_vid, cand_emb6])[0][0]
-    modules.release("dit_output")
+    def output_graph(state: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        return modules["dit_output"].run(list(state))[0][0]
+
+    ref_out, cand_out = run_chain(chain, [ChainStage(
+        "vid_out", lambda v_: head.output_head(v_, emb).numpy(), output_graph, ["dit_output"],
+        tol=tol_for("vid_out"), local_tol=local_tol, to_ncnn=lambda v_: (v_.numpy()[None], ref_emb6),
+        phase="dit_output")], ref_v, (cand_vid, cand_emb6))
     head = None  # the input/embedding/output layers are not needed past this point
-    rec("vid_out/local", ref_out, local_out, local_tol)
-    rec("vid_out", ref_out, cand_out, tol_for("vid_out"))
 
     # --- Euler step, VAE decoder, colour fix, uint8 ---------------------------------------------
     def z_of(out: np.ndarray) -> np.ndarray:
@@ -147,18 +148,14 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
         x0 = (x_T - vel * (cfg.timestep / cfg.schedule_T)).astype(np.float32)
         return np.ascontiguousarray((x0 / v.scaling_factor).transpose(3, 0, 1, 2)[None], dtype=np.float32)
 
-    ref_z, cand_z = z_of(ref_out), z_of(cand_out)
-
-    def torch_decode() -> np.ndarray:
+    def torch_decode(z: np.ndarray) -> np.ndarray:
         dec = model.view("vae", ["decoder"])
-        return dec.decode(torch.from_numpy(ref_z))[0].numpy()
+        return dec.decode(torch.from_numpy(z))[0].numpy()
 
-    ref_dec = ph.run("vae_decode_torch", torch_decode)
-    local_dec, cand_dec = ph.run("vae_decode_ncnn", lambda: (ncnn.decode(ref_z)[0], ncnn.decode(cand_z)[0]))
-    for name in decode_stage_names(cfg):
-        modules.release(name)
-    rec("decoded/local", ref_dec, local_dec, local_tol)
-    rec("decoded", ref_dec, cand_dec, tol_for("decoded"))  # unclipped: colour fix first, clip in to_uint8
+    # unclipped: colour fix first, clip in to_uint8
+    ref_dec, cand_dec = run_chain(chain, [ChainStage(
+        "decoded", torch_decode, lambda z: ncnn.decode(z)[0], decode_stage_names(cfg), tol=tol_for("decoded"),
+        local_tol=local_tol, phase="vae_decode")], z_of(ref_out), z_of(cand_out))
     n_in = video.shape[0]
     ref_frames = to_uint8(wavelet_color_fix(ref_dec, x))[:n_in]
     cand_frames = to_uint8(wavelet_color_fix(cand_dec, x))[:n_in]

@@ -11,36 +11,26 @@ reference tower + merger, and transformers' ``YoutuForCausalLM`` on one token at
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ncnnport.models.youtu_vl.fixtures import synthetic_image
-from ncnnport.models.youtu_vl.pipeline import EMBED, encode_image, head_logits, head_shards, layer_name
+from ncnnport.models.youtu_vl.pipeline import (EMBED, decode_runners, encode_image, head_logits, head_shards,
+                                               layer_name)
 from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
-from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope import span
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
-                                      "layers": ("16", "512"), "decode_fp16": ("16", "512"),
-                                      "layers_fp16": ("16", "512")}
-# `make bench-perf MODEL=youtu-vl`: the LLM layers alone (the per-layer decode speed targets), a
-# whole token (layers + the 283386 x 2560 tied head, which dominates at real size), the same two on
-# the decode variants with fp16 weights (ratio still vs torch fp32), and the vision encoder at the
-# speed targets' two image sizes.
+                                      "layers": ("16", "512")}
+# `make bench-perf MODEL=youtu-vl` (once per --precision): the LLM layers alone (the per-layer
+# decode speed targets), a whole token (layers + the 283386 x 2560 tied head, which dominates at
+# real size), and the vision encoder at the speed targets' two image sizes. Under fp16 storage the
+# one-token stages run the ``decode`` graph variants, as ``run --precision fp16-storage`` does.
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
-                                     "layers_fp16": ["100", "1000"], "decode_fp16": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
-FP16_SUFFIX = "_fp16"  # the stage on the ``decode`` graph variants with fp16 InnerProduct weights
-
-# the model's tolerance policy (beside this file, as ModelPort.policy_path finds it)
-POLICY = Path(__file__).with_name("policy.json")
-
-
-def base_stage(stage: str) -> str:
-    return stage[:-len(FP16_SUFFIX)] if stage.endswith(FP16_SUFFIX) else stage
 DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
 
 Call = Callable[[], list[np.ndarray]]
@@ -77,32 +67,20 @@ def decode_inputs(vl: Any, past: int, seed: int = 0) -> dict[str, Any]:
     ``past``, the mask over dummy + past + self, and a random per-layer latent cache."""
     t = vl.cfg.text
     rng = np.random.default_rng(seed)
-    cos, sin = cos_sin(np.array([past]), inv_freq(t.qk_rope_head_dim, t.rope_theta))
-    mask = masks.causal(1, past + 1)
-    mask[:, :, 0] = masks.MASKED  # row 0 of the cache is the dummy the pipeline always hides
+    cos, sin = span(past, 1, t.qk_rope_head_dim, t.rope_theta)
+    mask = masks.causal(1, past + 1, hidden=(0,))  # row 0 of the cache is the dummy the pipeline always hides
     layers = [(rng.standard_normal((1, past + 1, t.kv_lora_rank)).astype(np.float32),
                rng.standard_normal((1, past + 1, t.qk_rope_head_dim)).astype(np.float32))
               for _ in range(t.num_hidden_layers)]
-    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos[None], "sin": sin[None],
+    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos, "sin": sin,
             "mask": mask, "cache": layers}
 
 
-def _fp16_decode_modules(vl: Any, modules: Mapping[str, Any]) -> dict[str, Any]:
-    """The layers and head shards as their ``decode`` variants under ``use_fp16_storage``."""
-    from ncnnport.models.youtu_vl.specs import DECODE
-    from ncnnport.runtime.variants import with_variant
-
-    names = [layer_name(i) for i in range(vl.cfg.text.num_hidden_layers)] + [h.name for h in head_shards(vl.cfg)]
-    fp16 = modules[names[0]].options.with_(fp16_storage=True)
-    return {**modules, **with_variant(modules, DECODE, fp16, names=names)}
-
-
 def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Call:
-    base = base_stage(stage)
-    if base != stage and base in ("decode", "layers"):
-        call = ncnn_call(vl, _fp16_decode_modules(vl, modules), base, size)
-        _fidelity(stage, size, call()[0], ncnn_call(vl, modules, base, size)()[0])
-        return call
+    """The ncnn side of ``stage``; the one-token stages step on the graphs ``run`` steps on
+    (:func:`~.pipeline.decode_runners`: the ``decode`` variants when the graphs store fp16)."""
+    if stage in ("decode", "layers"):
+        modules = {**modules, **(decode_runners(modules) or {})}
     if stage == "vision_encoder":
         image = bench_image(vl, size)
 
@@ -135,17 +113,9 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
     raise ValueError(f"youtu-vl: no bench stage {stage!r}; known: {', '.join(STAGES)}")
 
 
-def _fidelity(stage: str, size: str, got: np.ndarray, ref: np.ndarray) -> None:
-    from ncnnport.parity.policy import Policy
-    from ncnnport.runtime.bench import print_fidelity
-
-    print_fidelity("youtu-vl", stage, size, got, ref, Policy.load(POLICY).default("fp16"))
-
-
 def torch_call(vl: Any, stage: str, size: str, device: str = "cpu") -> Call | None:
-    """Eager torch fp32 on the same work (the ``*_fp16`` stages too: their ratio is vs fp32); on
+    """Eager torch fp32 on the same work (under every ``--precision``: the ratio is vs fp32); on
     another ``device`` (``bench --torch-device cuda``) a copy of the modules runs there."""
-    stage = base_stage(stage)
     if stage == "vision_encoder":
         if device != "cpu":
             return _device_encode_call(vl, bench_image(vl, size), device)
@@ -228,25 +198,25 @@ def torch_decode_call(vl: Any, past: int, layers_only: bool = False, device: str
     return call
 
 
-def stage_bytes(vl: Any, stage: str, size: str) -> dict[str, int] | None:
-    """Bytes one decode call must read at least (fp32): every LLM layer's weights (``layers``),
-    plus the final norm and the tied head table for a whole token (``decode``; the embedding row
-    it also reads is one row of that table), and the latent cache of dummy + P rows per layer.
-    None for the compute-bound vision encoder. Sizes come from shapes: nothing is materialised."""
+def stage_bytes(vl: Any, stage: str, size: str, precision: Any = None) -> dict[str, int] | None:
+    """Bytes one decode call must read at least: every LLM layer's weights (``layers``), plus
+    the final norm and the tied head table for a whole token (``decode``; the embedding row it
+    also reads is one row of that table), and the latent cache of dummy + P rows per layer (fp32).
+    The InnerProduct weights (every Linear but the absorbed kv_b_proj, and the head rows) count
+    at the ``precision``'s InnerProduct width. None for the compute-bound vision encoder. Sizes
+    come from shapes: nothing is materialised."""
     from ncnnport.models.youtu_vl.specs import module_weight_bytes
 
-    base = base_stage(stage)
-    if base not in ("decode", "layers"):
+    if stage not in ("decode", "layers"):
         return None
     t = vl.cfg.text
     sizes = module_weight_bytes(vl)
-    # fp16: the InnerProduct weights (every Linear but the absorbed kv_b_proj, and the head rows)
-    # are read at 2 bytes, the rest stays fp32
-    saved = [_linear_weight_bytes(vl, i) // 2 if base != stage else 0 for i in range(t.num_hidden_layers)]
+    width = 4 if precision is None else precision.inner_product_weight_bytes
+    saved = [_linear_weight_bytes(vl, i) * (4 - width) // 4 for i in range(t.num_hidden_layers)]
     weights = sum(sizes[layer_name(i)] - saved[i] for i in range(t.num_hidden_layers))
-    if base == "decode":
+    if stage == "decode":
         head = sum(sizes[shard.name] for shard in head_shards(vl.cfg))
-        weights += head if base == stage else head - 2 * t.hidden_size * t.vocab_size
+        weights += head - (4 - width) * t.hidden_size * t.vocab_size
     kv = t.num_hidden_layers * (cache_length(size) + 1) * (t.kv_lora_rank + t.qk_rope_head_dim)
     return {"weights": weights, "kv_cache": 4 * kv}
 

@@ -21,9 +21,10 @@ from ncnnport.models.youtu_vl.processor import (ProcessedImage, patch_permutatio
 from ncnnport.models.youtu_vl.prompt import fuse
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
-from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope import span
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 from ncnnport.runtime.sampling import greedy
+from ncnnport.runtime.variants import with_variant
 
 VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
 DECODE = "decode"  # the graph variant of the one-token steps (specs.decode_variant); here so the
@@ -190,14 +191,12 @@ def forward_llm(runners: Mapping[str, Any], embeds: np.ndarray, cache: LatentCac
     """Run ``embeds [S,H]`` through all layers, extend the cache, return last-row logits ``[V]``."""
     t = cfg.text
     s = embeds.shape[0]
-    positions = np.arange(cache.seen, cache.seen + s)
-    cos, sin = cos_sin(positions, inv_freq(t.qk_rope_head_dim, t.rope_theta))
-    mask = masks.causal(s, cache.seen + 1)
-    mask[:, :, 0] = masks.MASKED
+    cos, sin = span(cache.seen, s, t.qk_rope_head_dim, t.rope_theta)
+    mask = masks.causal(s, cache.seen + 1, hidden=(0,))  # row 0 of the cache is the dummy
     h = np.ascontiguousarray(embeds[None], dtype=np.float32)
     for i in range(t.num_hidden_layers):
         h, cache.latent[i], cache.krot[i] = runners[layer_name(i)].run(
-            [h, cos[None], sin[None], mask, cache.latent[i], cache.krot[i]])
+            [h, cos, sin, mask, cache.latent[i], cache.krot[i]])
     cache.seen += s
     return head_logits(runners, h[:, -1:], cfg).reshape(-1)
 
@@ -216,6 +215,17 @@ class Generation:
     first_logits: np.ndarray
     tokens: list[int] = field(default_factory=list)
     step_logits: list[np.ndarray] = field(default_factory=list)
+
+
+def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The graphs of the one-token steps: the layers' and head's ``decode`` variants (InnerProduct)
+    when the graphs store fp16 (``--precision fp16-*``), because only InnerProduct reads fp16
+    weights on x86 (about half the bytes per token); None under fp32/bf16 storage, where the
+    prompt graphs serve the steps too. The variants keep the graphs' own options."""
+    options = getattr(next(iter(modules.values())), "options", None)  # torch runners have none
+    if options is None or not options.fp16_storage:
+        return None
+    return {n: m for n, m in with_variant(modules, DECODE).items() if m is not modules[n]}
 
 
 def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,

@@ -158,6 +158,7 @@ class YoutuVLPort(KitPort):
         """The run verb's generation, printed as it streams (same flow with or without torch)."""
         from ncnnport.models.youtu_vl.config import EOS_ID
         from ncnnport.models.youtu_vl.packaged import generate_ids
+        from ncnnport.models.youtu_vl.pipeline import decode_runners
 
         streamer = TextStreamer(tok, skip_special=not args.show_special)
         generate_ids(modules, cfg, tok, args.prompt, args.image, args.max_new_tokens, args.max_patches,
@@ -185,20 +186,6 @@ class YoutuVLPort(KitPort):
         from ncnnport.models.youtu_vl import packaged
         return self._stream(modules, packaged.packaged_config(package, model_json),
                             packaged.packaged_tokenizer(package, model_json), args)
-
-
-def decode_runners(modules: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The graphs of the one-token steps: the layers' and head's ``decode`` variants (InnerProduct)
-    when the graphs store fp16 (``--precision fp16-*``), because only InnerProduct reads fp16
-    weights on x86 (about half the bytes per token); None under fp32/bf16 storage, where the
-    prompt graphs serve the steps too. The variants keep the graphs' own options."""
-    from ncnnport.models.youtu_vl.pipeline import DECODE
-    from ncnnport.runtime.variants import with_variant
-
-    options = getattr(next(iter(modules.values())), "options", None)  # torch runners have none
-    if options is None or not options.fp16_storage:
-        return None
-    return {n: m for n, m in with_variant(modules, DECODE).items() if m is not modules[n]}
 
 
 class _FileFixture:

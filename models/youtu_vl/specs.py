@@ -35,7 +35,7 @@ from ncnnport.models.youtu_vl.pipeline import (EMBED, MERGER, VISION, HeadShard,
                                                head_shards, layer_name, vision_segments)
 from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
 from ncnnport.runtime import masks
-from ncnnport.runtime.rope import cos_sin, inv_freq
+from ncnnport.runtime.rope import span
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 
 # patch counts -> a grid with that many patches exercising a window case
@@ -143,10 +143,9 @@ def _layer_spec(vl: YoutuVL, i: int) -> ModuleSpec:
         s, p = sizes["seq"], sizes["past"]
         if sizes["total"] != s + p:
             raise ValueError(f"total {sizes['total']} != seq {s} + past {p}")
-        cos, sin = cos_sin(np.arange(p - 1, p - 1 + s), inv_freq(t.qk_rope_head_dim, t.rope_theta))
-        mask = masks.causal(s, p)
-        mask[:, :, 0] = masks.MASKED  # the dummy cache row
-        return [rng.standard_normal((1, s, t.hidden_size)).astype(np.float32), cos[None], sin[None], mask,
+        cos, sin = span(p - 1, s, t.qk_rope_head_dim, t.rope_theta)
+        mask = masks.causal(s, p, hidden=(0,))  # the dummy cache row
+        return [rng.standard_normal((1, s, t.hidden_size)).astype(np.float32), cos, sin, mask,
                 rng.standard_normal((1, p, t.kv_lora_rank)).astype(np.float32),
                 rng.standard_normal((1, p, t.qk_rope_head_dim)).astype(np.float32)]
 

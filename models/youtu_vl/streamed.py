@@ -28,31 +28,10 @@ import torch
 from ncnnport.contract import Tolerance
 from ncnnport.memory import PhaseMemory
 from ncnnport.parity.records import stage_record, token_record
+from ncnnport.parity.streamed import Chain, ChainStage, run_chain, worst
 from ncnnport.runtime.lazy_modules import LazyModules
 
 ROWS = 16  # prompt positions whose next-token argmax is compared
-
-
-class OneAtATime:
-    """Mapping view of a :class:`LazyModules` that releases the previous graph when another one
-    is looked up: a pipeline walking graphs in order holds one at a time."""
-
-    def __init__(self, modules: LazyModules) -> None:
-        self.modules, self.current = modules, None
-
-    def __getitem__(self, name: str) -> Any:
-        if self.current is not None and self.current != name:
-            self.modules.release(self.current)
-        self.current = name
-        return self.modules[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.modules
-
-    def close(self) -> None:
-        if self.current is not None:
-            self.modules.release(self.current)
-            self.current = None
 
 
 def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -67,13 +46,11 @@ def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor,
 def _layer_graph_inputs(cfg: Any, n: int) -> list[np.ndarray]:
     """cos, sin, mask and the masked dummy cache row of a prefill through ``llm_layer{i}``."""
     from ncnnport.runtime import masks
-    from ncnnport.runtime.rope import cos_sin, inv_freq
+    from ncnnport.runtime.rope import span
 
     t = cfg.text
-    cos, sin = cos_sin(np.arange(n), inv_freq(t.qk_rope_head_dim, t.rope_theta))
-    mask = masks.causal(n, 1)
-    mask[:, :, 0] = masks.MASKED
-    return [cos[None], sin[None], mask, np.zeros((1, 1, t.kv_lora_rank), np.float32),
+    cos, sin = span(0, n, t.qk_rope_head_dim, t.rope_theta)
+    return [cos, sin, masks.causal(n, 1, hidden=(0,)), np.zeros((1, 1, t.kv_lora_rank), np.float32),
             np.zeros((1, 1, t.qk_rope_head_dim), np.float32)]
 
 
@@ -90,8 +67,7 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
 
     cfg = vl.cfg
     mem = PhaseMemory()
-    ncnn = LazyModules(package)
-    one = OneAtATime(ncnn)
+    ncnn = LazyModules(package, resident=1)   # walking graphs in order holds one at a time
     image = process_image(fixture.image(), cfg.vision, cfg.processor)
     ids = encode_prompt(tokenizer, fixture.prompt, image.num_tokens, cfg.system_prompt)
     n = int(ids.size)
@@ -109,8 +85,8 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
         return feats, merger(torch.from_numpy(feats)).numpy()
 
     ref_vision, ref_merged = mem.run("vision_torch", torch_vision)
-    cand_vision, cand_merged = mem.run("vision_ncnn", lambda: encode_image(one, image, cfg))
-    one.close()
+    cand_vision, cand_merged = mem.run("vision_ncnn", lambda: encode_image(ncnn, image, cfg))
+    ncnn.release_all()
     recs.append(stage_record(fx, "vision", ref_vision, cand_vision, tol_for("vision"), **extra))
     recs.append(stage_record(fx, "visual_tokens", ref_merged, cand_merged, tol_for("visual_tokens"), **extra))
 
@@ -131,29 +107,26 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
     # --- LLM layers: transformers' decoder layer vs llm_layer{i}, local and propagated ----------
     mask, cos_sin, positions = _hf_layer_inputs(vl, n)
     graph_in = _layer_graph_inputs(cfg, n)
-    worst_local = worst_prop = None
-    for i in range(cfg.text.num_hidden_layers):
+
+    def layer_stage(i: int) -> ChainStage:
         name = layer_name(i)
 
-        def step() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def reference(h: np.ndarray) -> np.ndarray:
             layer = vl.part(f"model.layers.{i}")
-            out = layer(torch.from_numpy(ref_h)[None], attention_mask=mask, position_ids=positions,
+            out = layer(torch.from_numpy(h)[None], attention_mask=mask, position_ids=positions,
                         position_embeddings=cos_sin)
-            out = (out[0] if isinstance(out, tuple) else out)[0].numpy()
-            del layer
-            graph = one[name]
-            local = graph.run([ref_h[None], *graph_in])[0][0]
-            prop = graph.run([cand_h[None], *graph_in])[0][0]
-            return out, local, prop
+            return (out[0] if isinstance(out, tuple) else out)[0].numpy()
 
-        out, local, prop = mem.run(name, step)
-        one.close()
-        rl = stage_record(fx, f"{name}/local", out, local, layer_tol(name), **extra)
-        rp = stage_record(fx, f"{name}/propagated", out, prop, tol_for("hidden"), **extra)
-        recs += [rl, rp]
-        worst_local = rl if worst_local is None or rl["cosine"] < worst_local["cosine"] else worst_local
-        worst_prop = rp if worst_prop is None or rp["cosine"] < worst_prop["cosine"] else worst_prop
-        ref_h, cand_h = out, prop
+        return ChainStage(name, reference, lambda h: ncnn[name].run([h[None], *graph_in])[0][0], [name],
+                          tol=tol_for("hidden"), local_tol=layer_tol(name),
+                          propagated_as=f"{name}/propagated", one_phase=True)
+
+    chain = Chain(fx, mem, ncnn, extra, recs)
+    first = len(recs)
+    ref_h, cand_h = run_chain(chain, [layer_stage(i) for i in range(cfg.text.num_hidden_layers)], ref_h, cand_h)
+    layer_rows = recs[first:]
+    worst_local = worst([r for r in layer_rows if r["stage"].endswith("/local")])
+    worst_prop = worst([r for r in layer_rows if r["stage"].endswith("/propagated")])
 
     # --- head: last ``rows`` positions, torch first, released before ncnn opens its copy --------
     last = min(rows, n)
@@ -167,14 +140,14 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
     def ncnn_head() -> tuple[np.ndarray, np.ndarray]:
         prop, local = [], []
         for shard in shards:  # one shard graph open at a time
-            graph = one[shard.name]
+            graph = ncnn[shard.name]
             prop.append(np.stack([graph.run([np.ascontiguousarray(cand_h[None, j:j + 1])])[0].reshape(-1)
                                   for j in range(n - last, n)]))
             local.append(graph.run([np.ascontiguousarray(ref_h[None, -1:])])[0].reshape(-1))
         return np.concatenate(prop, axis=-1), np.concatenate(local)
 
     cand_logits, local_last = mem.run("head_ncnn", ncnn_head)
-    one.close()
+    ncnn.release_all()
     recs.append(stage_record(fx, f"{LM_HEAD}/local", ref_logits[-1:], local_last[None], layer_tol(LM_HEAD), **extra))
     recs.append(stage_record(fx, "last_logits", ref_logits[-1:], cand_logits[-1:], tol_for("last_logits"), **extra))
     # teacher-forced next-token argmax at the last prompt positions; a flip reports the reference's
@@ -183,9 +156,6 @@ def streamed_parity(vl: Any, package: Any, tokenizer: Any, fixture: Any,
                              list(ref_logits), stage="next_token_argmax", min_tokens=last, **extra))
     summary = {"phases": mem.phases,
                "peak_rss_mb": max(p["peak_rss_mb"] for p in mem.phases.values()),
-               "worst_local_layer": worst_local and {"stage": worst_local["stage"], "cosine": worst_local["cosine"],
-                                                      "max_abs": worst_local["max_abs"]},
-               "worst_propagated_layer": worst_prop and {"stage": worst_prop["stage"], "cosine": worst_prop["cosine"],
-                                                          "max_abs": worst_prop["max_abs"]},
+               "worst_local_layer": worst_local, "worst_propagated_layer": worst_prop,
                "ncnn_opens": ncnn.opens, "ncnn_peak_live": ncnn.peak_live}
     return recs, summary

@@ -1,4 +1,11 @@
-"""The ``bench`` verb: stability table over backends x sizes for one model stage."""
+"""The ``bench`` verb: stability table over backends x sizes for one model stage.
+
+``--precision`` is the vocabulary of ``run`` and ``parity`` (runtime/precision.py): the graphs
+are opened under that precision's ncnn options (on the fp16-weights package where it says so),
+so a bench stage is the same work as the run it times. A reduced precision never reports a speed
+without its fidelity: each stage's first output is compared once with the fp32 graphs on the same
+inputs, judged by the policy budget of the precision's mode.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from ncnnport.runtime.bench import BenchResult, interleave, measure
+from ncnnport.runtime import precision as precisions
+from ncnnport.runtime.bench import BenchResult, interleave, measure, print_fidelity
 from ncnnport.runtime.options import RuntimeOptions
 from ncnnport.runtime.vulkan import backend_label, device_for
 
@@ -22,12 +30,32 @@ def vulkan_available() -> bool:
     return default_device() is not None
 
 
-def backend_options(backend: str, threads: int) -> RuntimeOptions:
+def backend_options(backend: str, threads: int, precision: str = "fp32") -> RuntimeOptions:
+    """The ncnn options of one bench row: backend and threads are the bench's, the precision
+    flags are exactly those ``--precision`` names (the same as ``run --precision``)."""
     if backend == "cpu":
-        return RuntimeOptions(num_threads=threads)
-    if backend == "vulkan":
-        return RuntimeOptions(num_threads=threads, use_vulkan=True)
-    raise ValueError(f"unknown backend {backend!r}: use cpu or vulkan")
+        base = RuntimeOptions(num_threads=threads)
+    elif backend == "vulkan":
+        base = RuntimeOptions(num_threads=threads, use_vulkan=True)
+    else:
+        raise ValueError(f"unknown backend {backend!r}: use cpu or vulkan")
+    return precisions.get(precision).options(base)
+
+
+def check_fidelity(prep: Any, reference_package: Path, stage: str, size: str, got: Any,
+                   precision: str, threads: int) -> bool | None:
+    """A reduced-precision stage's first output against the fp32 graphs of ``reference_package``
+    on the same inputs, printed and judged by the policy's budget for the precision's mode;
+    None (nothing printed) under fp32, where there is nothing to compare against."""
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+
+    setting = precisions.get(precision)
+    if setting.name == "fp32":
+        return None
+    fp32 = open_ncnn_modules(reference_package, options=RuntimeOptions(num_threads=threads))
+    ref = prep.port.bench_call(prep.loaded, fp32, stage, size)()[0]
+    return print_fidelity(prep.target.model, f"{stage}[{setting.name}]", size, got[0], ref,
+                          prep.policy.default(setting.mode))
 
 
 def _drift(r: BenchResult) -> str:
@@ -46,8 +74,11 @@ def row(model: str, stage: str, size: str, backend: str, r: BenchResult) -> str:
 
 
 def run_bench(prep: Any, package: Path, stages: Sequence[str], backends: Sequence[str],
-              sizes: Sequence[str] | None, threads: int, warmup: int, runs: int) -> list[dict[str, Any]]:
-    """Fresh sessions per (stage, backend, size), so the first call includes pipeline creation."""
+              sizes: Sequence[str] | None, threads: int, warmup: int, runs: int,
+              precision: str = "fp32", reference_package: Path | None = None) -> list[dict[str, Any]]:
+    """Fresh sessions per (stage, backend, size), so the first call includes pipeline creation.
+    ``reference_package`` holds the fp32 graphs a reduced precision is judged against (default:
+    ``package``; the fp16-weights package differs)."""
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     port, model = prep.port, prep.target.model
@@ -63,23 +94,26 @@ def run_bench(prep: Any, package: Path, stages: Sequence[str], backends: Sequenc
                 print(f"| {model} | {stage} | - | vulkan | skipped: no Vulkan device on this machine |")
                 continue
             for size in (sizes or known[stage]):
-                modules = open_ncnn_modules(package, options=backend_options(backend, threads))
+                modules = open_ncnn_modules(package, options=backend_options(backend, threads, precision))
                 call = port.bench_call(prep.loaded, modules, stage, size)
-                r = measure(f"{stage}@{size}", call, warmup=warmup, runs=runs)
+                r = measure(f"{stage}@{size}", call, warmup=warmup, runs=runs)  # first call timed
+                within = check_fidelity(prep, reference_package or package, stage, size, call(),
+                                        precision, threads) if backend == "cpu" else None
                 print(row(model, stage, size, backend_label(backend), r), flush=True)
                 results.append({"model": model, "stage": stage, "size": size, "backend": backend,
-                                "device": device_for(backend), "threads": threads, **r.to_json()})
+                                "device": device_for(backend), "threads": threads, "precision": precision,
+                                **({} if within is None else {"within_budget": within}), **r.to_json()})
     return results
 
 
 def run_interleave(prep: Any, package: Path, pairs: Sequence[tuple[str, str]], rounds: int,
-                   threads: int) -> dict[str, Any]:
+                   threads: int, precision: str = "fp32") -> dict[str, Any]:
     """Alternate several stages in one process (e.g. encoder and decode step)."""
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     calls = {}
     for stage, size in pairs:
-        modules = open_ncnn_modules(package, options=RuntimeOptions(num_threads=threads))
+        modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
         calls[f"{stage}@{size}"] = prep.port.bench_call(prep.loaded, modules, stage, size)
     res = interleave(calls, rounds=rounds)
     print(f"\ninterleaved {' <-> '.join(calls)} for {rounds} rounds:")

@@ -107,9 +107,10 @@ def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
 
 def device_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None,
                  backends: Sequence[str], torch_devices: Sequence[str], threads: int, warmup: int,
-                 runs: int, stage_sizes: dict[str, list[str]]) -> list[dict[str, Any]]:
+                 runs: int, stage_sizes: dict[str, list[str]], precision: str = "fp32") -> list[dict[str, Any]]:
     """Rows of the device table (printed as they are measured). A torch device the port cannot
-    serve is one error naming the model; a device or backend this machine lacks is a skipped row."""
+    serve is one error naming the model; a device or backend this machine lacks is a skipped row.
+    ncnn runs under ``precision`` (its parity columns then show what that precision costs)."""
     import torch
 
     port, loaded, model = prep.port, prep.loaded, prep.target.model
@@ -145,7 +146,7 @@ def device_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequenc
                         _emit(rows, _row(model, stage, size, f"ncnn {backend}", None, None,
                                          "skipped: no Vulkan GPU on this machine"))
                         continue
-                    modules = open_ncnn_modules(package, options=backend_options(backend, threads))
+                    modules = open_ncnn_modules(package, options=backend_options(backend, threads, precision))
                     timed = time_call(port.bench_call(loaded, modules, stage, size), warmup, runs)
                     del modules
                     _emit(rows, _row(model, stage, size, f"ncnn {backend} t{threads}", timed, ref))

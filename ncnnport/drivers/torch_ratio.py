@@ -10,15 +10,31 @@ than any cache, because it swings minute to minute on a shared host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ncnnport.runtime.options import RuntimeOptions
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the body and restored on exit, error
+    or not: the table times torch on the bench's thread count, and a nightly that benches one
+    model must not leave the next model's reference on that count."""
+    import torch
+
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def median_ms(call, runs: int, warmup: int = 3) -> float:
@@ -101,21 +117,31 @@ def bound_row(ncnn_ms: float, torch_ms: float | None, nbytes: dict[str, int] | N
 
 
 def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None,
-                      threads: int, runs: int, stage_sizes: dict[str, list[str]] | None = None
+                      threads: int, runs: int, stage_sizes: dict[str, list[str]] | None = None,
+                      precision: str = "fp32", reference_package: Path | None = None
                       ) -> list[dict[str, Any]]:
     """One row per (stage, size): medians, torch/ncnn ratio and, where the port knows the bytes a
-    call reads, the bandwidth bound columns (``read_gbps`` of this run in every row)."""
-    import torch
+    call reads, the bandwidth bound columns (``read_gbps`` of this run in every row). ncnn runs
+    under ``precision`` (judged once against the fp32 graphs of ``reference_package``); torch is
+    always eager fp32, so the ratio says what the precision buys over the reference. torch's
+    thread count is the bench's for the table only."""
+    with torch_threads(threads):
+        return _table(prep, package, stages, sizes, threads, runs, stage_sizes, precision,
+                      reference_package or package)
 
+
+def _table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None, threads: int,
+           runs: int, stage_sizes: dict[str, list[str]] | None, precision: str,
+           reference_package: Path) -> list[dict[str, Any]]:
+    from ncnnport.drivers.bench import backend_options, check_fidelity
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
-    torch.set_num_threads(threads)
     known = stage_sizes or prep.port.bench_stages()
     bw = read_bandwidth()
     kernels = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in bw.items() if k.endswith("_gbps") and k != "read_gbps")
     huge = huge_pages_malloc()
     print(f"\nread bandwidth over {bw['array_mb']:.0f} MB, {threads} thread(s): {bw['read_gbps']:.1f} GB/s "
-          f"(fastest of: {kernels} GB/s); malloc huge pages: {'on' if huge else 'off'}")
+          f"(fastest of: {kernels} GB/s); malloc huge pages: {'on' if huge else 'off'}; ncnn --precision {precision}")
     rows = []
     print("\n| model | stage | size | torch eager median (ms) | ncnn median (ms) | torch/ncnn | weight MB "
           "| bound (ms) | ncnn % of bound | torch % of bound | ncnn % of bound incl. K/V | threads |")
@@ -127,13 +153,16 @@ def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Se
                 continue
             t_ms = median_ms(tcall, runs)
             del tcall
-            modules = open_ncnn_modules(package, options=RuntimeOptions(num_threads=threads))
+            modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
             ncall = prep.port.bench_call(prep.loaded, modules, stage, size)
+            within = check_fidelity(prep, reference_package, stage, size, ncall(), precision, threads)
             n_ms = median_ms(ncall, runs)
             del ncall, modules
-            extra = bound_row(n_ms, t_ms, prep.port.bench_bytes(prep.loaded, stage, size), bw["read_gbps"])
+            extra = bound_row(n_ms, t_ms, prep.port.bench_bytes(prep.loaded, stage, size, precision),
+                              bw["read_gbps"])
             rows.append({"stage": stage, "size": size, "torch_ms": t_ms, "ncnn_ms": n_ms,
-                         "ratio": t_ms / n_ms, "threads": threads, "bandwidth": bw, "huge_pages_malloc": huge,
+                         "ratio": t_ms / n_ms, "threads": threads, "precision": precision, "bandwidth": bw,
+                         "huge_pages_malloc": huge, **({} if within is None else {"within_budget": within}),
                          **extra})
             if extra:
                 cols = (f"{extra['weight_bytes'] / 2**20:.0f} | {extra['bound_weights_ms']:.2f} | "

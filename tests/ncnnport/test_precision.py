@@ -39,7 +39,7 @@ def test_unknown_name_is_one_line_naming_the_vocabulary() -> None:
         precision.get("fp16")
 
 
-@pytest.mark.parametrize("verb", ["run", "parity"])
+@pytest.mark.parametrize("verb", ["run", "parity", "bench"])
 def test_cli_verbs_share_the_vocabulary(verb: str) -> None:
     from ncnnport.cli import build_parser
 

@@ -316,24 +316,26 @@ def test_decode_step_beyond_the_cache_capacity_is_a_clear_error(built):
         pipe.decode_step(h, cache)
 
 
-def test_fp16_weight_bench_stages_run_the_same_path_within_budget(built, capsys):
-    """``token_fp16`` / ``decode_fp16`` (make bench-perf) reopen the decode layers and the head with
-    fp16 InnerProduct weights; their factory reports the deviation from fp32 against the budget."""
+def test_bench_under_fp16_storage_runs_the_same_path_with_fp16_weights(built):
+    """``bench --precision fp16-storage`` (make bench-perf) opens the graphs with fp16 InnerProduct
+    weights: the same ``token`` work, different logits, half the Linear bytes in the bound."""
     from ncnnport.models.qwen3_asr.bench import stage_bytes
+    from ncnnport.runtime import precision
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     port, loaded = prep.port, prep.loaded
-    mods = open_ncnn_modules(pkg)
-    fp32 = port.bench_call(loaded, mods, "token", "20")
-    fp16 = port.bench_call(loaded, mods, "token_fp16", "20")
-    out = capsys.readouterr().out
-    assert "token_fp16@20 vs fp32 graphs" in out and "within" in out and "OUTSIDE" not in out
+    half = precision.get("fp16-storage")
+    assert set(port.bench_stages()) == {"audio_encoder", "decode", "token"}
+    assert set(port.bench_perf_stages()) == {"token", "decode"}
+    fp32 = port.bench_call(loaded, open_ncnn_modules(pkg), "token", "20")
+    fp16 = port.bench_call(loaded, open_ncnn_modules(pkg, options=half.options()), "token", "20")
     a, b = fp32()[0], fp16()[0]
     assert a.shape == b.shape == (loaded.reference.config.text_config.vocab_size,)
     assert not np.array_equal(a, b)   # fp16 weights really are in use
     assert np.array_equal(fp16()[0], b)   # fixed inputs: repeated calls are identical
-    assert port.torch_bench_call(loaded, "decode_fp16", "20") is not None
-    w32, w16 = stage_bytes(loaded.reference, "token", "20"), stage_bytes(loaded.reference, "token_fp16", "20")
+    assert int(a.argmax()) == int(b.argmax())
+    w32, w16 = stage_bytes(loaded.reference, "token", "20"), stage_bytes(loaded.reference, "token", "20", half)
+    assert port.bench_bytes(loaded, "token", "20", "fp16-storage") == w16
     assert w32["kv_cache"] == w16["kv_cache"] == 2 * 2 * 2 * 20 * 24 * 4
     assert 0.5 < w16["weights"] / w32["weights"] < 0.52   # Linear weights at 2 bytes, norms and one embedding row at 4

@@ -91,9 +91,9 @@ def test_decode_variants_serve_the_one_token_steps(built, modules):
 def test_run_steps_on_decode_variants_exactly_when_the_precision_stores_fp16(built) -> None:
     """``run --precision`` opens every graph with its options; the one-token steps move to the
     InnerProduct decode variants only under fp16 storage, keeping the graphs' own options."""
-    from ncnnport.models.youtu_vl.port import decode_runners
+    from ncnnport.models.youtu_vl.pipeline import decode_runners
     from ncnnport.runtime import precision
-    from ncnnport.stages import open_ncnn_modules
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     prep, pkg = built
     layers = [f"llm_layer{i}" for i in range(prep.loaded.reference.cfg.text.num_hidden_layers)]
@@ -188,9 +188,8 @@ def test_bench_stages_and_calls(built, modules):
     ncnn_mods, _ = modules
     port, loaded = prep.port, prep.loaded
     assert port.bench_stages() == {"vision_encoder": ["224x224", "448x448"], "decode": ["16", "512"],
-                                   "layers": ["16", "512"], "decode_fp16": ["16", "512"],
-                                   "layers_fp16": ["16", "512"]}
-    assert set(port.bench_perf_stages()) == {"layers", "decode", "layers_fp16", "decode_fp16", "vision_encoder"}
+                                   "layers": ["16", "512"]}
+    assert set(port.bench_perf_stages()) == {"layers", "decode", "vision_encoder"}
     for size, patches in (("224x224", 14 * 14), ("448x448", 28 * 28)):
         ours = port.bench_call(loaded, ncnn_mods, "vision_encoder", size)()
         ref = port.torch_bench_call(loaded, "vision_encoder", size)()
@@ -222,8 +221,13 @@ def test_bench_stages_and_calls(built, modules):
     assert nbytes["kv_cache"] == 4 * 513 * (t.kv_lora_rank + t.qk_rope_head_dim) * t.num_hidden_layers
     assert port.bench_bytes(loaded, "layers", "512")["weights"] < nbytes["weights"] - 0.99 * head
     assert port.bench_bytes(loaded, "vision_encoder", "224x224") is None
-    # fp16 stages: the decode variants with fp16 weights, judged against the fp32 graphs
-    half = port.bench_call(loaded, ncnn_mods, "decode_fp16", "16")()[0]
+    # bench --precision fp16-storage: the one-token stages step on the decode variants (fp16
+    # InnerProduct weights; the prompt graphs' Gemm would keep fp32 weights and give 0 deviation)
+    from ncnnport.runtime import precision
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+
+    half_mods = open_ncnn_modules(built[1], options=precision.get("fp16-storage").options())
+    half = port.bench_call(loaded, half_mods, "decode", "16")()[0]
     full = port.bench_call(loaded, ncnn_mods, "decode", "16")()[0]
     s = compare(full, half)
     assert 0 < s.max_abs < 1e-2 * s.ref_absmax and int(half.argmax()) == int(full.argmax())
@@ -232,7 +236,8 @@ def test_bench_stages_and_calls(built, modules):
                (built[1] / "ncnn" / f"llm_layer{i}.decode.ncnn.param").read_text().splitlines()
                if line.startswith("InnerProduct"))
     gemm += t.hidden_size * t.vocab_size
-    assert nbytes["weights"] - port.bench_bytes(loaded, "decode_fp16", "512")["weights"] == 2 * gemm
+    assert nbytes["weights"] - port.bench_bytes(loaded, "decode", "512", "fp16-storage")["weights"] == 2 * gemm
+    assert port.bench_bytes(loaded, "decode", "512", "fp16-weights") == nbytes   # widened to fp32 at load
     with pytest.raises(ValueError, match="no bench stage"):
         port.bench_call(loaded, ncnn_mods, "audio", "1")
     with pytest.raises(ValueError, match="HxW"):
