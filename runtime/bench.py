@@ -92,6 +92,15 @@ class BenchResult:
             return self.drift_within(pct_per_100)
         return self.relative_drift_pct_per_100 - self.relative_drift_ci_pct_per_100 <= pct_per_100
 
+    def slowed_down(self, pct_per_100: float) -> bool:
+        """The stability verdict: a slowdown of the stage itself raises its time both absolutely
+        and against the interleaved control, so both lower bounds must exceed ``pct``. Either one
+        alone is load: other processes starting and stopping move the raw time (the control moves
+        with it), and a control that reacts to contention differently from the stage (numpy vs an
+        ncnn graph, memory- vs compute-bound) moves the ratio while the stage's own time does not
+        (measured under load 6-8 on 2 cores: youtu-vl decode raw -18+-32, ratio +74+-35 %/100)."""
+        return not self.drift_within(pct_per_100) and not self.relative_drift_within(pct_per_100)
+
 
 class ControlWorkload:
     """A fixed single-threaded CPU workload, calibrated once to the stage's CPU time.

@@ -156,6 +156,7 @@ def test_load_starting_and_stopping_passes_the_relative_drift_gate():
     # the load really came and went on the stage's wall time (else this test would prove nothing)
     assert max(blocks) > 1.5 * min(blocks), blocks
     assert r.relative_drift_within(2.0), (r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
+    assert not r.slowed_down(2.0)
 
 
 def test_one_percent_per_call_slowdown_fails_relative_drift_under_load():
@@ -163,6 +164,30 @@ def test_one_percent_per_call_slowdown_fails_relative_drift_under_load():
         r = interleave({"stage": SlowingStage(150_000)}, rounds=120, warmup=1)["stage"]
     assert not r.relative_drift_within(2.0), (r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
     assert r.relative_drift_pct_per_100 > 30  # 1%/call compounding: ~100%/100 calls of the median
+    assert r.slowed_down(2.0), (r.drift_pct_per_100, r.drift_ci_pct_per_100)  # the verdict fails it
+
+
+def _result(raw: tuple[float, float], rel: tuple[float, float] | None):
+    from ncnnport.runtime.bench import BenchResult
+
+    return BenchResult("s", 100, 1.0, 1.0, 0.1, 1.0, 0.9, 1.1, raw[0], raw[1], 0.0, True,
+                       relative_drift_pct_per_100=None if rel is None else rel[0],
+                       relative_drift_ci_pct_per_100=None if rel is None else rel[1])
+
+
+def test_a_control_that_drifts_alone_is_load_not_a_slowdown():
+    """Measured in a nightly under load 6-8: the stage's own time fell (raw -18+-32 %/100) while
+    the numpy control sped up more (ratio +74+-35): no slowdown. A stage slower in both passes
+    neither the raw nor the relative gate."""
+    from ncnnport.nightly import drift_exceeds
+
+    load = _result((-18.5, 31.6), (73.7, 35.3))
+    assert not load.slowed_down(2.0) and not drift_exceeds(load.to_json())
+    slow = _result((60.0, 20.0), (70.0, 28.0))
+    assert slow.slowed_down(2.0) and drift_exceeds(slow.to_json())
+    raw_only = _result((45.0, 22.0), (12.0, 31.0))  # load came and went: the control moved too
+    assert not raw_only.slowed_down(2.0) and not drift_exceeds(raw_only.to_json())
+    assert _result((60.0, 20.0), None).slowed_down(2.0)  # no control ran: the raw verdict alone
 
 
 def test_relative_drift_needs_bracketing_controls():
