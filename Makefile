@@ -51,7 +51,7 @@ bench-perf: $(STAMP)
 	done
 
 nightly: $(STAMP)
-	$(BIN)/ncnnport nightly $(ARGS)
+	$(BIN)/ncnnport nightly $(MODEL_OPTS) $(ARGS)
 
 run: $(STAMP)
 	@test -n "$(MODEL)" || (echo "make run needs MODEL=..." >&2; exit 2)
