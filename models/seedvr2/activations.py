@@ -8,7 +8,7 @@ final clip. This walks the reference (``dit.py``'s block forward, not the export
 one image with weights from a per-tensor rule, building each block from its own tensors and
 dropping it, so the full 32-block model runs in ~1.5 GB.
 
-``python -m ncnnport.models.seedvr2.activations [--layers K] [--recipe seeded|std002]`` prints
+``measure(build(PORT.truncate(REAL, K), "seeded"), fixture.video(), fixture.seed).table()`` gives
 one row per stage (rms, max|x|, the relative update of each block, the mean largest softmax
 weight of the first window, the share of decoded values the final clip would cut); the numbers
 measured for the real preset are in :mod:`.seeded`'s docstring.
@@ -16,19 +16,16 @@ measured for the real preset are in :mod:`.seeded`'s docstring.
 
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ncnnport.lazy_weights import Init
-from ncnnport.models.seedvr2.config import REAL, SeedVR2Config
+from ncnnport.models.seedvr2.config import SeedVR2Config
 from ncnnport.models.seedvr2.dit import emb_table, patchify, unpatchify
 from ncnnport.models.seedvr2.lazy import LazySeedVR2
-from ncnnport.models.seedvr2.port import PORT
 from ncnnport.models.seedvr2.mmrope import text_positions
 
 
@@ -142,25 +139,3 @@ def measure(model: LazySeedVR2, frames: np.ndarray, seed: int) -> Stats:
         st.add("decoded", rms=_rms(dec), absmax=float(dec.abs().max()),
                clipped=float((dec.abs() > 1).float().mean()))
     return st
-
-
-def main(argv: list[str] | None = None) -> int:
-    from ncnnport.models.seedvr2.port import FIXTURES
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--recipe", choices=sorted(RECIPES), default="seeded")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--fixture", default="image_64x96")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    fx = next(f for f in FIXTURES if f.label == args.fixture)
-    t0 = time.perf_counter()
-    stats = measure(build(PORT.truncate(REAL, args.layers), args.recipe), fx.video(), fx.seed)
-    print(f"## {args.recipe} weights, real width, {args.fixture} ({time.perf_counter() - t0:.0f} s)\n")
-    print(stats.table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
