@@ -20,7 +20,7 @@ The recipe is the tiny preset's distribution (``model._seeded_init``), written p
   uint8 frames comparison is not flattened by the final clip.
 * The positive prompt embedding ``text.positive`` ~ N(0, 1).
 
-Measured at real width over all 32 blocks (``python -m ncnnport.models.seedvr2.activations``,
+Measured at real width over all 32 blocks (``activations.measure`` on ``activations.build``,
 seed 0, the 64x96 fixture: 24 video + 58 text tokens, one window), this recipe vs ``N(0, 0.02)``
 matrices (same everything else):
 
