@@ -410,8 +410,9 @@ def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> No
     rows; the golden vectors still cover every graph)."""
     # The tolerance policy travels with the package, so `verify` on a device judges each backend
     # and precision by the same budgets as parity (Vulkan rows by the Vulkan modes).
-    if prep.port.policy_path.is_file():
-        shutil.copyfile(prep.port.policy_path, dest / "policy.json")
+    policy = getattr(prep.port, "policy_path", None)  # ports not built on ModelPort have none
+    if policy is not None and Path(policy).is_file():
+        shutil.copyfile(policy, dest / "policy.json")
     description = prep.port.runtime_description(prep.loaded)
     if description is None:
         return
