@@ -77,6 +77,21 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
+def read_json_object(path: Path, error: type[Exception] = ValueError) -> dict[str, Any]:
+    """A JSON file whose top level must be an object (configs, model.json): unreadable, invalid
+    or non-object content is one ``error`` line naming the file."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: unreadable ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise error(f"{path}: expected a JSON object at the top level, got {type(doc).__name__}")
+    return doc
+
+
 def read_json(path: Path) -> Any:
     """Parsed JSON; a file that is not UTF-8 JSON is a ValueError naming the file."""
     path = Path(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from ncnnport.fsutil import read_json, write_json
+from ncnnport.fsutil import read_json_object, write_json
 
 MODEL_JSON = "model.json"
 SCHEMA_VERSION = 1
@@ -38,12 +38,7 @@ def read_model_json(root: Path, expected_model: str | None = None) -> dict[str, 
     if not path.is_file():
         raise PackageError(f"{path}: missing (the package cannot run without torch: built before model.json "
                            "existed, or its model has no torch-free runtime yet)")
-    try:
-        doc = read_json(path)
-    except (OSError, ValueError) as exc:
-        raise PackageError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(doc, dict):
-        raise PackageError(f"{path}: must be a JSON object")
+    doc = read_json_object(path, PackageError)
     version = doc.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise PackageError(f"{path}: field 'schema_version' must be an integer, got {version!r}")

@@ -32,6 +32,7 @@ from transformers import (
     Qwen3ASRProcessor,
 )
 
+from ncnnport.fsutil import read_json_object
 from ncnnport.lazy_weights import WEIGHTS_NAME, checkpoint_shards
 
 from . import official_layout
@@ -182,13 +183,7 @@ def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], tied: boo
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return raw
+    return read_json_object(path, CheckpointError)
 
 
 def is_official_folder(folder: str | Path) -> bool:

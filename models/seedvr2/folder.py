@@ -4,10 +4,10 @@ for partial views. Its own module so neither model imports the other."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
+from ncnnport.fsutil import read_json_object
 from ncnnport.models.seedvr2.config import SeedVR2Config
 
 FORMAT = "ncnnport-seedvr2"
@@ -23,11 +23,8 @@ def read_config(folder: Path) -> SeedVR2Config:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (a checkpoint folder needs its config.json)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = read_json_object(path)
+    if meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}")
     if "config" not in meta:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ncnnport.fsutil import read_json_object
 from ncnnport.lazy_weights import checkpoint_shards
 
 from ncnnport.models.youtu_vl.config import YoutuVLConfig
@@ -52,13 +53,7 @@ def read_config(folder: Path) -> YoutuVLConfig:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder}: no config.json")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object at the top level")
-    return YoutuVLConfig.from_json(data, source=str(path))
+    return YoutuVLConfig.from_json(read_json_object(path), source=str(path))
 
 
 def load_checkpoint(folder: Path) -> tuple[YoutuVL, Any]:

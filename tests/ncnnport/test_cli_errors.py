@@ -175,3 +175,19 @@ def test_an_unknown_run_option_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as info:
         main(["run", "qwen3-asr", "--audio", "a.wav", "--no-such-option"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize("content,why", [(b"{bad", "not valid JSON"), (b"[1, 2]", "expected a JSON object"),
+                                         (b"\xff\xfe", "not valid JSON")])
+def test_json_object_reader_names_the_file_in_one_line(tmp_path, content, why):
+    """One reader for every config-like JSON (checkpoint configs, model.json): the error type is
+    the caller's, the message names the file and what is wrong."""
+    from ncnnport.fsutil import read_json_object
+
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=why) as info:
+        read_json_object(path, ValueError)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(RuntimeError, match="missing.json: unreadable"):
+        read_json_object(tmp_path / "missing.json", RuntimeError)
