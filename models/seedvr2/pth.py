@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
+from ncnnport.fsutil import sha256_file
+
 # role -> file patterns of a checkpoint folder (this project's names, then the official ones)
 PTH_ROLES: dict[str, tuple[str, ...]] = {
     "dit": ("dit*.pth", "seedvr2_ema_*.pth"),
@@ -73,14 +75,6 @@ def read_pth(path: Path) -> dict[str, torch.Tensor]:
     if not obj:
         raise ValueError(f"{path}: holds no tensors")
     return dict(obj)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _stamp(path: Path) -> dict[str, int]:

@@ -194,7 +194,7 @@ def _pth_folder(tiny: M.SeedVR2, root: Path) -> Path:
 
 
 def test_pth_checkpoint_converts_once_with_a_receipt_and_loads_strictly(tiny, tmp_path, monkeypatch) -> None:
-    from ncnnport.models.seedvr2.pth import sha256_file
+    from ncnnport.fsutil import sha256_file
 
     ck = _pth_folder(tiny, tmp_path)
     monkeypatch.chdir(tmp_path)
