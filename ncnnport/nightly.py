@@ -43,12 +43,34 @@ def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), swee
 
 
 def drift_exceeds(r: dict[str, Any]) -> bool:
-    """``runtime.bench.BenchResult.slowed_down`` on a stored result: the lower end of the 95%
-    interval must exceed the limit both for the raw time and for the stage/control ratio."""
+    """``runtime.bench.BenchResult.slowed_down`` on a stored result: the aged/fresh pair ratio's
+    lower 95% bound above 1 + limit x calls / 100 where a fresh session was compared; otherwise
+    the lower end of the 95% interval must exceed the limit both for the raw time and for the
+    stage/control ratio."""
+    if r.get("aged_vs_fresh_low") is not None and r.get("aged_calls") is not None:
+        return r["aged_vs_fresh_low"] > aged_limit(r)
     raw = r["drift_pct_per_100"] - r["drift_ci_pct_per_100"] > MAX_DRIFT_PCT_PER_100
     rel = (r.get("relative_drift_pct_per_100") is None
            or r["relative_drift_pct_per_100"] - r["relative_drift_ci_pct_per_100"] > MAX_DRIFT_PCT_PER_100)
     return raw and rel
+
+
+def aged_limit(r: dict[str, Any]) -> float:
+    """``runtime.bench.aged_limit`` for a stored result."""
+    from ncnnport.runtime.bench import aged_limit as limit
+
+    return limit(r["aged_calls"], r.get("fresh_vs_fresh_high"), MAX_DRIFT_PCT_PER_100)
+
+
+def slowdown_text(r: dict[str, Any]) -> str:
+    """What the drift verdict read, in the words of the check that decided it."""
+    if r.get("aged_vs_fresh_ratio") is not None:
+        return (f"after {r['aged_calls']} calls {r['aged_vs_fresh_ratio']:.3f}x the time of a fresh session "
+                f"(95% interval {r['aged_vs_fresh_low']:.3f}-{r['aged_vs_fresh_high']:.3f}; limit "
+                f"{aged_limit(r):.3f}: two fresh sessions differ up to {r.get('fresh_vs_fresh_high') or 1:.3f}, "
+                f"times {MAX_DRIFT_PCT_PER_100}% per 100 calls)")
+    return (f"drift {r['relative_drift_pct_per_100']:+.1f}%/100 calls relative to the control workload "
+            f"(raw {r['drift_pct_per_100']:+.1f}%)")
 
 
 def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[str, Any]:
@@ -65,8 +87,7 @@ def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[
         if not r["identical_outputs"]:
             problems.append(f"{name}: outputs changed at calls {r['mismatched_calls'][:5]}")
         if drift_exceeds(r):
-            problems.append(f"{name}: drift {r['relative_drift_pct_per_100']:+.1f}%/100 calls relative to "
-                            f"the control workload (raw {r['drift_pct_per_100']:+.1f}%)")
+            problems.append(f"{name}: {slowdown_text(r)}")
         if r["rss_growth_mb"] > MAX_RSS_GROWTH_MB:
             problems.append(f"{name}: RSS grew {r['rss_growth_mb']:.1f} MB")
     for r in results.values():

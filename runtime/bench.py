@@ -11,7 +11,7 @@ import gc
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import psutil
@@ -53,6 +53,14 @@ def fingerprint(outputs: Sequence[np.ndarray]) -> bytes:
     return b"".join(np.ascontiguousarray(o).tobytes() + str(o.shape).encode() for o in outputs)
 
 
+def aged_limit(aged_calls: int, fresh_vs_fresh_high: float | None, pct_per_100: float) -> float:
+    """The aged/fresh time ratio a session may reach after ``aged_calls`` calls: the
+    session-to-session noise floor (upper end of the fresh/fresh interval, at least 1) times the
+    allowed slowdown of ``pct_per_100`` per 100 calls."""
+    floor = max(1.0, fresh_vs_fresh_high or 1.0)
+    return floor * (1.0 + pct_per_100 / 100.0 * aged_calls / 100.0)
+
+
 @dataclass
 class BenchResult:
     label: str
@@ -73,6 +81,16 @@ class BenchResult:
     relative_drift_pct_per_100: float | None = None
     relative_drift_ci_pct_per_100: float | None = None
     control_median_ms: float | None = None
+    # this session after its calls against a fresh session of the same stage, timed in
+    # alternating pairs (see ``aged_vs_fresh``); None when no fresh session was compared
+    aged_calls: int | None = None
+    aged_vs_fresh_ratio: float | None = None
+    aged_vs_fresh_low: float | None = None
+    aged_vs_fresh_high: float | None = None
+    # two fresh sessions of the stage timed the same way: how far sessions differ by placement
+    # alone (buffer addresses, cache sets), the noise floor the aged/fresh ratio is judged above
+    fresh_vs_fresh_ratio: float | None = None
+    fresh_vs_fresh_high: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -92,13 +110,38 @@ class BenchResult:
             return self.drift_within(pct_per_100)
         return self.relative_drift_pct_per_100 - self.relative_drift_ci_pct_per_100 <= pct_per_100
 
+    def aged_slower_than_fresh(self, pct_per_100: float) -> bool | None:
+        """Whether this session, after ``aged_calls`` calls, is slower than a fresh session of the
+        same stage by more than two fresh sessions differ (upper end of their interval, measured
+        in the same run: sessions differ by a few % by where their buffers landed, measured up to
+        1.035 [1.017, 1.056] on qwen3-asr's decode at load 11) times ``pct_per_100`` per 100
+        calls; judged on the lower end of the aged/fresh 95% interval. None when no fresh
+        session was compared."""
+        if self.aged_vs_fresh_low is None or self.aged_calls is None:
+            return None
+        return self.aged_vs_fresh_low > self.aged_limit(pct_per_100)
+
+    def aged_limit(self, pct_per_100: float) -> float:
+        return aged_limit(self.aged_calls or 0, self.fresh_vs_fresh_high, pct_per_100)
+
     def slowed_down(self, pct_per_100: float) -> bool:
-        """The stability verdict: a slowdown of the stage itself raises its time both absolutely
+        """The stability verdict. With a fresh session compared, that comparison decides: both
+        sessions run the same code on the same machine within microseconds of each other, so load
+        slows both alike and their ratio moves only when calls made the aged one slower. The time
+        series' trend (raw and against the control) stays in the record: it cannot tell a
+        slowdown from load that changed during a run of 1-2 s (measured: qwen3-asr encoder raw
+        +14.5+-9.9 %/100, relative +23.8+-14.7 on a quiet machine; 400 rounds of the same stages:
+        +2.0+-4.9 and +5.7+-22.1).
+
+        Without one, a slowdown of the stage itself raises its time both absolutely
         and against the interleaved control, so both lower bounds must exceed ``pct``. Either one
         alone is load: other processes starting and stopping move the raw time (the control moves
         with it), and a control that reacts to contention differently from the stage (numpy vs an
         ncnn graph, memory- vs compute-bound) moves the ratio while the stage's own time does not
         (measured under load 6-8 on 2 cores: youtu-vl decode raw -18+-32, ratio +74+-35 %/100)."""
+        aged = self.aged_slower_than_fresh(pct_per_100)
+        if aged is not None:
+            return aged
         return not self.drift_within(pct_per_100) and not self.relative_drift_within(pct_per_100)
 
 
@@ -167,6 +210,50 @@ def relative_drift(stage_ms: Sequence[float], control_ms: Sequence[float],
     return 100.0 * slope / block * 100.0 / med, 100.0 * ci / block * 100.0 / med
 
 
+def _median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The median of ``values`` and its distribution-free confidence interval from order
+    statistics (the binomial(n, 1/2) ranks), valid for any continuous distribution of independent
+    values: scheduler noise on a shared machine is neither normal nor symmetric."""
+    from scipy.stats import binom
+
+    xs = sorted(values)
+    n = len(xs)
+    alpha = 1.0 - confidence
+    j = 1  # the largest j with P(Bin(n, 1/2) <= j - 1) <= alpha / 2: [x_(j), x_(n+1-j)] covers
+    while j < n // 2 and binom.cdf(j, n, 0.5) <= alpha / 2:
+        j += 1
+    k = j - 1 if binom.cdf(j - 1, n, 0.5) <= alpha / 2 else 0  # 0-based rank; too few values: the range
+    return float(np.median(xs)), xs[k], xs[n - 1 - k]
+
+
+def aged_vs_fresh(aged: Call, fresh: Call, *, pairs: int = 41, per_side: int = 3,
+                  warmup: int = 3) -> tuple[float, float, float]:
+    """Time ``aged`` (a session after many calls) against ``fresh`` (a new session of the same
+    stage) in ``pairs`` groups of ``per_side`` alternating calls each (A B A B A B, the first
+    side alternating between groups); each group gives the ratio of the two sides' fastest
+    calls. Returns the median group ratio aged/fresh and its 95% interval.
+
+    Why: the calls of a group run microseconds apart, so whatever else the machine does slows
+    both sessions alike, where a trend over the run's time series cannot tell calls from load.
+    The fastest of a few calls, because on a busy machine a millisecond call either got a time
+    slice or waited for one: waiting only adds time, a slowdown of the session raises every
+    call. ``fresh`` gets ``warmup`` calls first (first-call allocation is not a slowdown of the
+    other)."""
+    for _ in range(warmup):
+        fresh()
+    ratios = []
+    for i in range(pairs):
+        best = {"aged": float("inf"), "fresh": float("inf")}
+        order = (("aged", aged), ("fresh", fresh)) if i % 2 == 0 else (("fresh", fresh), ("aged", aged))
+        for _ in range(per_side):
+            for name, fn in order:
+                t = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t)
+        ratios.append(best["aged"] / max(best["fresh"], 1e-12))
+    return _median_interval(ratios)
+
+
 def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
             reference: Sequence[np.ndarray] | None = None) -> BenchResult:
     """Time ``call``: the first call alone, ``warmup`` more, then ``runs`` timed calls.
@@ -205,15 +292,22 @@ def measure(label: str, call: Call, *, warmup: int = 3, runs: int = 20,
 
 
 def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3,
-               control: bool = True) -> dict[str, BenchResult]:
+               control: bool = True, fresh: Mapping[str, Callable[[], Call]] | None = None,
+               pairs: int = 41) -> dict[str, BenchResult]:
     """Alternate the calls round-robin; each one's outputs must equal its isolated first call.
 
     This is the multimodal case: an encoder called between LLM decode steps must neither slow
     down nor change because the other sub-model ran. With ``control``, each stage call is
     bracketed by calls of its own :class:`ControlWorkload` (calibrated to the stage's warm-up
     time), and its drift is also judged on the stage/control ratio, which machine load cancels.
+    With ``fresh`` (a factory of a new session per stage), each stage is finally timed against a
+    fresh session of itself (:func:`aged_vs_fresh`), whose outputs must equal the isolated ones too.
     """
-    isolated = {name: [np.array(o, copy=True) for o in fn()] for name, fn in calls.items()}
+    isolated, first_ms = {}, {}
+    for name, fn in calls.items():
+        t = time.perf_counter()
+        isolated[name] = [np.array(o, copy=True) for o in fn()]
+        first_ms[name] = (time.perf_counter() - t) * 1e3
     refs = {name: fingerprint(out) for name, out in isolated.items()}
     warm_cpu_ms: dict[str, list[float]] = {n: [] for n in calls}
     for _ in range(max(warmup, 3 if control else 0)):
@@ -240,18 +334,33 @@ def interleave(calls: dict[str, Call], *, rounds: int, warmup: int = 3,
                 bad[name].append(r)
     gc.collect()
     growth = (rss_bytes() - rss0) / 2**20
+    aged: dict[str, tuple[float, float, float]] = {}
+    null: dict[str, tuple[float, float, float]] = {}
+    for name, make in (fresh or {}).items():
+        new, other = make(), make()
+        for session in (new, other):
+            if fingerprint(session()) != refs[name]:
+                bad[name].append(rounds)  # a fresh session must answer as the isolated first call did
+        aged[name] = aged_vs_fresh(calls[name], new, pairs=pairs)
+        null[name] = aged_vs_fresh(other, new, pairs=pairs, warmup=0)
     results = {}
     for name, ts in times.items():
         med = statistics.median(ts)
         slope, ci = robust_slope(ts)
         rel = relative_drift(ts, ctrl_ms[name]) if name in ctrl_ms else (None, None)
         results[name] = BenchResult(
-            label=name, runs=rounds, first_call_ms=float("nan"), mean_ms=statistics.fmean(ts),
+            label=name, runs=rounds, first_call_ms=first_ms[name], mean_ms=statistics.fmean(ts),
             std_ms=statistics.pstdev(ts), median_ms=med, min_ms=min(ts), max_ms=max(ts),
             drift_pct_per_100=100.0 * slope * 100.0 / med, drift_ci_pct_per_100=100.0 * ci * 100.0 / med,
             rss_growth_mb=growth, identical_outputs=not bad[name], mismatched_calls=bad[name], times_ms=ts,
             relative_drift_pct_per_100=rel[0], relative_drift_ci_pct_per_100=rel[1],
-            control_median_ms=statistics.median(ctrl_ms[name]) if name in ctrl_ms else None)
+            control_median_ms=statistics.median(ctrl_ms[name]) if name in ctrl_ms else None,
+            aged_calls=1 + max(warmup, 3 if control else 0) + rounds if name in aged else None,  # before the pairs
+            aged_vs_fresh_ratio=aged[name][0] if name in aged else None,
+            aged_vs_fresh_low=aged[name][1] if name in aged else None,
+            aged_vs_fresh_high=aged[name][2] if name in aged else None,
+            fresh_vs_fresh_ratio=null[name][0] if name in null else None,
+            fresh_vs_fresh_high=null[name][2] if name in null else None)
     return results
 
 

@@ -59,11 +59,16 @@ def check_fidelity(prep: Any, reference_package: Path, stage: str, size: str, go
 
 
 def _drift(r: BenchResult) -> str:
-    """Raw drift, and the drift relative to the interleaved control workload where one ran."""
+    """Raw drift, the drift relative to the interleaved control workload where one ran, and the
+    aged/fresh session ratio where one was measured."""
     raw = f"{r.drift_pct_per_100:+.2f} (+-{r.drift_ci_pct_per_100:.2f})"
-    if r.relative_drift_pct_per_100 is None:
-        return raw
-    return f"{raw}; vs control {r.relative_drift_pct_per_100:+.2f} (+-{r.relative_drift_ci_pct_per_100:.2f})"
+    if r.relative_drift_pct_per_100 is not None:
+        raw += f"; vs control {r.relative_drift_pct_per_100:+.2f} (+-{r.relative_drift_ci_pct_per_100:.2f})"
+    if r.aged_vs_fresh_ratio is not None:
+        raw += (f"; aged/fresh {r.aged_vs_fresh_ratio:.3f} "
+                f"[{r.aged_vs_fresh_low:.3f}, {r.aged_vs_fresh_high:.3f}] (fresh/fresh up to "
+                f"{r.fresh_vs_fresh_high:.3f})")
+    return raw
 
 
 def row(model: str, stage: str, size: str, backend: str, r: BenchResult) -> str:
@@ -111,11 +116,14 @@ def run_interleave(prep: Any, package: Path, pairs: Sequence[tuple[str, str]], r
     """Alternate several stages in one process (e.g. encoder and decode step)."""
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
-    calls = {}
-    for stage, size in pairs:
+    def session(stage: str, size: str) -> Any:
         modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
-        calls[f"{stage}@{size}"] = prep.port.bench_call(prep.loaded, modules, stage, size)
-    res = interleave(calls, rounds=rounds)
+        return prep.port.bench_call(prep.loaded, modules, stage, size)
+
+    calls = {f"{stage}@{size}": session(stage, size) for stage, size in pairs}
+    # a fresh session per stage, opened after the rounds, is the aged one's load-immune control
+    fresh = {f"{stage}@{size}": (lambda stage=stage, size=size: session(stage, size)) for stage, size in pairs}
+    res = interleave(calls, rounds=rounds, fresh=fresh)
     print(f"\ninterleaved {' <-> '.join(calls)} for {rounds} rounds:")
     print(HEADER)
     for name, r in res.items():
