@@ -19,19 +19,14 @@ std::string block_name(int i, const char* part) {
 
 // runner.GraphBackend._attention: per window [its video rows, all text rows] -> scatter the
 // video rows back, sum the text rows over windows (from zero, window order) and divide.
-std::pair<Tensor, Tensor> windowed_attention(Graph& attn, const std::vector<Tensor>& qkv, const Plan& plan,
-                                             const Perturb& perturb) {
+std::pair<Tensor, Tensor> windowed_attention(Graph& attn, const std::vector<Tensor>& qkv, const Plan& plan) {
     const Tensor &qv = qkv[0], &kv = qkv[1], &vv = qkv[2], &qt = qkv[3], &kt = qkv[4], &vt = qkv[5];
     Tensor out_v = zeros(qv.shape), acc_t = zeros(qt.shape);
     const int64_t row = qv.numel() / qv.shape[1];
-    for (size_t w = 0; w < plan.index.size(); ++w) {
-        const size_t src = perturb.swap_first_windows && plan.index.size() > 1 && w < 2 ? 1 - w : w;
-        const std::vector<int64_t>& idx = plan.index[w];
-        const std::vector<int64_t>& gather = plan.index[src];
-        if (gather.size() != idx.size()) continue;  // a perturbation only swaps equal windows
-        const Tensor q = concat_rows(gather_rows(qv, gather), qt);
-        const Tensor k = concat_rows(gather_rows(kv, gather), kt);
-        const Tensor v = concat_rows(gather_rows(vv, gather), vt);
+    for (const std::vector<int64_t>& idx : plan.index) {
+        const Tensor q = concat_rows(gather_rows(qv, idx), qt);
+        const Tensor k = concat_rows(gather_rows(kv, idx), kt);
+        const Tensor v = concat_rows(gather_rows(vv, idx), vt);
         const Tensor o = attn.run({{"q", &q}, {"k", &k}, {"v", &v}})[0];
         const int64_t n = static_cast<int64_t>(idx.size());
         for (int64_t r = 0; r < n; ++r) std::copy_n(&o.data[r * row], row, &out_v.data[idx[static_cast<size_t>(r)] * row]);
@@ -109,11 +104,11 @@ Tensor Pipeline::dit(const Tensor& cond, Timings* timings, const Perturb& pertur
     Tensor vid = io[0], tx = io[1];
     const Tensor emb6 = graph("dit_embedding", timings).run({{"sinus", &sinus}})[0];
     for (int i = 0; i < cfg_.num_layers; ++i) {
-        const Plan& plan = plans[i % 2];
+        const Plan& plan = plans[(i % 2) ^ (perturb.swap_shift ? 1 : 0)];
         const auto qkv = graph(block_name(i, "pre"), timings)
                              .run({{"vid", &vid}, {"txt", &tx}, {"emb6", &emb6}, {"cos_v", &plan.cos_v},
                                    {"sin_v", &plan.sin_v}, {"cos_t", &cos_t}, {"sin_t", &sin_t}});
-        auto [attn_v, attn_t] = windowed_attention(graph("dit_attention", timings), qkv, plan, perturb);
+        auto [attn_v, attn_t] = windowed_attention(graph("dit_attention", timings), qkv, plan);
         attn_v = as_rows(std::move(attn_v));
         attn_t = as_rows(std::move(attn_t));
         auto out = graph(block_name(i, "post"), timings)

@@ -76,7 +76,7 @@ Args parse(int argc, char** argv) {
         // test-only perturbations (tests/cpp/test_seedvr2_cpp.py proves they break parity)
         else if (f == "--perturb" ) {
             const std::string p = value();
-            if (p == "swap-windows") a.perturb.swap_first_windows = true;
+            if (p == "swap-shift") a.perturb.swap_shift = true;
             else if (p == "flip-rope") a.perturb.flip_rope_h_w = true;
             else throw InputError("--perturb: unknown '" + p + "'");
         } else throw InputError("unknown argument '" + f + "'\n" + kUsage);
@@ -169,13 +169,14 @@ nlohmann::json frame_stats(const uint8_t* p, size_t n, std::vector<int64_t> shap
 }
 
 int run(const Args& a) {
+    // inputs first (cheap, and what a user most often gets wrong), then the package
+    check_output(a.input, a.output);
+    const Frames input = read_frames(a.input);
+    const auto noise = read_noise(a.noise);
     if (a.check) {
         const auto result = ncnnport::check_package(a.package);
         if (!result.problems.empty()) throw InputError(a.package.string() + ": " + result.problems.front());
     }
-    check_output(a.input, a.output);
-    const Frames input = read_frames(a.input);
-    const auto noise = read_noise(a.noise);
     std::unique_ptr<ncnnport::seedvr2::Pipeline> pipe;
     try {
         pipe = std::make_unique<ncnnport::seedvr2::Pipeline>(a.package, ncnnport::seedvr2::RunOptions{a.threads, a.vulkan});

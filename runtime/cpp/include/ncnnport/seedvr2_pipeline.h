@@ -33,7 +33,7 @@ struct Timings {
 // Variations of the loop used by the tests to prove they would catch a broken runtime:
 // each one is a bug C++ ports of this model have shipped. Never set outside tests.
 struct Perturb {
-    bool swap_first_windows = false;  // feed window 1's rows where window 0's belong
+    bool swap_shift = false;          // even blocks on the shifted windows, odd on the regular
     bool flip_rope_h_w = false;       // build RoPE tables with the h and w axes exchanged
 };
 
