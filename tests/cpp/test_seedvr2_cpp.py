@@ -86,9 +86,16 @@ def cpp_restore(exe: Path, package: Path, case: Path, out: Path, *extra: str) ->
 
 
 def python_restore(package: Path, case: Path) -> Any:
-    """The Python ncnn loop over the package's graphs with the case's noise (no torch model)."""
+    """The Python ncnn loop on a packaged case: its image, noise and area."""
     from PIL import Image
 
+    video = np.asarray(Image.open(case / "input.png").convert("RGB"))[None]
+    area = json.loads((case / "case.json").read_text())["args"]["area"]
+    return python_loop(package, video, case / "noise.npz", area)
+
+
+def python_loop(package: Path, video: np.ndarray, noise_npz: Path, area: int) -> Any:
+    """The Python ncnn loop over the package's graphs with explicit noise (no torch model)."""
     from ncnnport.models.seedvr2.config import SeedVR2Config
     from ncnnport.models.seedvr2.pipeline import Noise, restore
     from ncnnport.models.seedvr2.runner import GraphBackend
@@ -103,10 +110,8 @@ def python_restore(package: Path, case: Path) -> Any:
 
     graphs: dict[str, NcnnModule] = {}
     text = np.load(package / model["files"]["text_embedding"], allow_pickle=False)
-    with np.load(case / "noise.npz", allow_pickle=False) as nz:
+    with np.load(noise_npz, allow_pickle=False) as nz:
         noise = Noise(x_T=nz["x_T"], posterior=nz["posterior"] if "posterior" in nz else None)
-    video = np.asarray(Image.open(case / "input.png").convert("RGB"))[None]
-    area = json.loads((case / "case.json").read_text())["args"]["area"]
     backend = GraphBackend(cfg, lambda n: graphs[n] if n in graphs else graphs.setdefault(n, get(n)))
     return restore(cfg, backend, video, text, noise, area=area)
 
@@ -205,6 +210,40 @@ def test_cpp_frames_match_the_python_ncnn_loop(seedvr2_exe, package, tmp_path):
 
 
 @pytest.mark.slow
+def test_cpp_frame_folder_matches_the_python_ncnn_loop(seedvr2_exe, package, tmp_path):
+    """3 frames (padded to 5 by repeating the last): the VAE's time axis, the space-time
+    depth-to-space between decoder stages and the padding frames dropped at the end."""
+    from PIL import Image
+
+    case = case_dirs(package)[0]
+    first = np.asarray(Image.open(case / "input.png").convert("RGB"))
+    video = np.stack([np.roll(first, 3 * k, axis=1) for k in range(3)])
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for k, f in enumerate(video):
+        Image.fromarray(f).save(folder / f"f{k:02d}.png")
+    h, w = first.shape[:2]
+    lat = (16, 2, (h - h % 16) // 8, (w - w % 16) // 8)
+    rng = np.random.default_rng(1)
+    noise = tmp_path / "noise.npz"
+    np.savez(noise, x_T=rng.standard_normal(lat).astype(np.float32), posterior=rng.standard_normal(lat).astype(np.float32))
+    res = run_cpp(seedvr2_exe, "--package", package, "--input", folder, "--output", tmp_path / "out",
+                  "--noise", noise, "--area", str(h * w), "--dump-stages", tmp_path / "s")
+    assert res.returncode == 0, res.stderr
+    out = np.stack([np.asarray(Image.open(p)) for p in sorted((tmp_path / "out").glob("frame_*.png"))])
+    py = python_loop(package, video, noise, h * w)
+    assert out.shape == py.frames.shape == (3, h, w, 3)
+    assert np.array_equal(np.load(tmp_path / "s" / "input.npy"), py.stages["input"])
+    for stage in GRAPH_STAGES:
+        ok, why = stage_verdict(package, stage, py.stages[stage], np.load(tmp_path / "s" / f"{stage}.npy"))
+        assert ok, f"{stage}: {why}"
+    ok, stats = frames_verdict(package, py.frames, out)
+    print(f"3-frame folder: max {stats['image_max_abs']} level(s), {stats['differing_bytes']} of "
+          f"{stats['total_bytes']} bytes differ")
+    assert ok, stats
+
+
+@pytest.mark.slow
 def test_cpp_resize_is_bit_exact_to_the_numpy_resize(seedvr2_exe, package, tmp_path):
     """--area below the input's own area exercises the antialiased bicubic downscale: the C++
     preprocess equals host_numpy's resize + the pipeline's clamp/crop/scale bit for bit."""
@@ -256,3 +295,27 @@ def test_noise_of_the_wrong_shape_is_one_line(seedvr2_exe, package, tmp_path):
                   "--noise", noise)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert str(noise) in res.stderr and "x_T" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,suffix", [("RGB", ".jpg"), ("L", ".jpg"), ("RGBA", ".png"), ("P", ".png"), ("L", ".png")])
+def test_image_decoding_matches_pil(seedvr2_exe, package, tmp_path, mode, suffix):
+    """JPEG (libjpeg-turbo, as PIL) and grey / palette / alpha PNGs decode to the bytes PIL's
+    ``convert("RGB")`` gives: the preprocessed input is bit-identical to the Python one."""
+    from PIL import Image
+
+    from ncnnport.models.seedvr2.pipeline import preprocess
+
+    rng = np.random.default_rng(2)
+    img = Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).convert(mode)
+    path = tmp_path / f"in{suffix}"
+    img.save(path)
+    lat = (16, 1, 6, 8)
+    noise = tmp_path / "noise.npz"
+    np.savez(noise, x_T=np.zeros(lat, np.float32))
+    res = run_cpp(seedvr2_exe, "--package", package, "--input", path, "--output", tmp_path / "o",
+                  "--noise", noise, "--dump-stages", tmp_path / "s")
+    assert res.returncode == 0, res.stderr
+    with Image.open(path) as im:
+        want = preprocess(np.asarray(im.convert("RGB"))[None], 48 * 64)
+    assert np.array_equal(np.load(tmp_path / "s" / "input.npy"), want)
