@@ -1,6 +1,7 @@
 """numpy equivalents of SeedVR2's two torch host steps, for a torch-free run path: the
 antialiased bicubic area resize (``F.interpolate(mode="bicubic", antialias=True)``) and the
-wavelet colour fix (dilated 3x3 binomial blurs). Not yet used by ``run``; their distance to the
+wavelet colour fix (dilated 3x3 binomial blurs), the DiT's RoPE/timestep table lookups and bf16
+rounding, for the torch-free run path (``host.py``, ``packaged.py``); their distance to the
 torch versions is measured by tests/models/seedvr2/test_host_numpy.py.
 
 The resize follows ATen's separable antialias kernel (``_upsample_bicubic2d_aa``): Keys cubic
@@ -98,3 +99,78 @@ def wavelet_color_fix(output: np.ndarray, source: np.ndarray) -> np.ndarray:
         _, low = wavelet_split(np.asarray(source[:, t], np.float32))
         res[:, t] = high + low
     return res
+
+
+# --- DiT host tables -------------------------------------------------------------------------
+def pair_to_half_perm(head_dim: int) -> np.ndarray:
+    """Channel order that turns adjacent-pair rotation into rotate-half: evens then odds."""
+    return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+
+
+def depth_to_space(y: np.ndarray, temporal: bool) -> np.ndarray:
+    """Host-side rearrange ``b (x y [z] c) f h w -> b c (f [z]) (h x) (w y)``; the space-time
+    variant then drops output frame 1 (2f-1 frames). Pure data movement, exact."""
+    b, ch, f, h, w = y.shape
+    if temporal:
+        c = ch // 8
+        z = y.reshape(b, 2, 2, 2, c, f, h, w).transpose(0, 4, 5, 3, 6, 1, 7, 2)
+        z = z.reshape(b, c, f * 2, h * 2, w * 2)
+        z = np.concatenate([z[:, :, :1], z[:, :, 2:]], axis=2)
+    else:
+        c = ch // 4
+        z = y.reshape(b, 2, 2, c, f, h, w).transpose(0, 3, 4, 5, 1, 6, 2).reshape(b, c, f, h * 2, w * 2)
+    return np.ascontiguousarray(z, dtype=np.float32)
+
+
+def rope_rows(cos_angles: np.ndarray, sin_angles: np.ndarray, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis cos/sin ``[n, 3, F]`` of the angles ``position * freq_k`` -> full-width pair-layout
+    tables ``[n, head_dim]`` (mmrope.MMRoPE3d.tables): each value repeated for its channel pair
+    (2k, 2k+1), axes t, h, w in turn, cos 1 / sin 0 on the unrotated tail."""
+    n = cos_angles.shape[0]
+    cos = np.repeat(cos_angles, 2, axis=-1).reshape(n, -1)
+    sin = np.repeat(sin_angles, 2, axis=-1).reshape(n, -1)
+    tail = head_dim - cos.shape[1]
+    cos = np.concatenate([cos, np.ones((n, tail), np.float32)], axis=1)
+    sin = np.concatenate([sin, np.zeros((n, tail), np.float32)], axis=1)
+    return cos.astype(np.float32), sin.astype(np.float32)
+
+
+class TrigTables:
+    """cos/sin of every RoPE angle ``p * freq_k`` for integer positions p < ``positions``, and the
+    timestep sinusoid at the model's one timestep, as torch computed them when the package was
+    converted (``assets/host_tables.npz``).
+
+    Why a lookup and not ``np.cos``: torch's float32 sin/cos are not numpy's (1-ulp differences
+    in about 17 % of the RoPE values, 31 of 256 sinusoid values), and the angles are always
+    integer positions times the same frequencies, so a table indexed by position gives the torch
+    run path's tables bit for bit. Positions are window-local, so the table is small."""
+
+    def __init__(self, cos: np.ndarray, sin: np.ndarray, timestep: float, sinusoid: np.ndarray,
+                 source: str) -> None:
+        if cos.shape != sin.shape or cos.ndim != 2 or sinusoid.ndim != 1:
+            raise ValueError(f"{source}: 'cos'/'sin' must be equal [positions, freqs] arrays and "
+                             f"'sinusoid' 1-D; got {cos.shape}, {sin.shape}, {sinusoid.shape}")
+        self.cos, self.sin = np.asarray(cos, np.float32), np.asarray(sin, np.float32)
+        self.timestep, self.sinusoid, self.source = float(timestep), np.asarray(sinusoid, np.float32), source
+
+    def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin) of integer ``positions`` (any shape) -> shape + (F,)."""
+        top = int(positions.max()) if positions.size else 0
+        if top >= self.cos.shape[0] or (positions.size and int(positions.min()) < 0):
+            raise ValueError(f"{self.source}: RoPE position {top} is outside the packaged table "
+                             f"(0..{self.cos.shape[0] - 1}); the input's window extent is too large")
+        return self.cos[positions], self.sin[positions]
+
+    def timestep_sinusoid(self, t: float) -> np.ndarray:
+        """The ``dit_embedding`` input for timestep ``t`` (only the packaged one exists)."""
+        if float(t) != self.timestep:
+            raise ValueError(f"{self.source}: holds the sinusoid of timestep {self.timestep}, asked for {t}")
+        return self.sinusoid
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 value (ties to even), kept as float32: the dtype the official
+    draws have, applied to numpy draws (finite inputs)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.astype(np.uint32).view(np.float32)
