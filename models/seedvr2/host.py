@@ -51,7 +51,8 @@ def centre_offset(size: int, crop: int) -> int:
 
 
 def numpy_resize(x: np.ndarray, height: int, width: int) -> np.ndarray:
-    """The torch-free antialiased bicubic resize (within 2e-6 of ATen's, not bit-exact)."""
+    """The torch-free antialiased bicubic resize (ATen's bytes when upscaling, within 2 float32
+    ulp when downscaling)."""
     return host_numpy.resize_bicubic_aa(x, height, width)
 
 

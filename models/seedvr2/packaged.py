@@ -3,9 +3,9 @@ embedding and the host tables; neither torch nor transformers is imported
 (``ncnnport run seedvr2 --package``, ``ncnnport verify``).
 
 The flow is ``host.restore`` with the numpy host ops: the colour fix is bit-exact with the torch
-path in float32; the resize is within 2e-6 of ATen's (not bit-exact, so a run that resizes can
-land a frame value one level off: cases are judged by bytes first, else by the packaged
-policy's frames gate). RoPE and timestep tables are torch's own values, looked up
+path in float32, and so is the resize when upscaling; a downscale is within 2 float32 ulp of
+ATen's (so a frame value can land one level off). Cases are judged against the torch
+reference's frames: bytes first, else the packaged policy's frames gate. RoPE and timestep tables are torch's own values, looked up
 (``host_numpy.TrigTables``). Noise comes from an ``.npz`` (the cases carry theirs) or from numpy's
 generator, which is not the official torch stream (said in one line by the caller).
 """
