@@ -1,10 +1,7 @@
 """What a SeedVR2 package records for a runtime without torch (``model.json``, the positive
-text embedding) and its packaged e2e cases: input frames, the explicit noise, and the torch
-reference's restored frames as sha256 + statistics, with the seed and area that produced them.
-
-SeedVR2 has no torch-free runtime yet (its resize, colour fix, noise draws and DiT host ops use
-torch), so ``verify`` cannot run these cases; they are the expected values such a runtime, or a
-C++ one, is checked against."""
+text embedding, the host tables) and its packaged e2e cases: input frames, the explicit noise,
+and the torch reference's restored frames (``expected.png``, sha256 + statistics), with the seed
+and area that produced them. ``packaged.py`` runs them torch-free (``verify``)."""
 
 from __future__ import annotations
 
@@ -17,6 +14,30 @@ import numpy as np
 from ncnnport.package.cases import PackageCase
 
 TEXT_EMBEDDING = "assets/text_embedding.npy"
+HOST_TABLES = "assets/host_tables.npz"
+# RoPE positions the host tables cover beyond the text: window-local h/w extents up to this many
+# patched tokens (the windows are rescaled to the 720p token area, so only an aspect ratio beyond
+# about 2600:1 needs more); the time axis needs text_len + ceil(window_max_t / windows_t).
+ROPE_TABLE_EXTENT = 1024
+
+
+def rope_table_positions(cfg: Any) -> int:
+    """How many integer RoPE positions the packaged tables hold."""
+    return cfg.text_len + ROPE_TABLE_EXTENT
+
+
+def host_tables_npz(cfg: Any) -> bytes:
+    """``assets/host_tables.npz``: torch's cos/sin of every (position, frequency) RoPE angle up to
+    :func:`rope_table_positions` and the timestep sinusoid at ``cfg.timestep``, so the torch-free
+    host builds the run path's tables bit for bit (``host_numpy.TrigTables``)."""
+    from ncnnport.models.seedvr2.runner import TorchTrig
+
+    trig = TorchTrig(cfg)
+    cos, sin = trig.angles(np.arange(rope_table_positions(cfg), dtype=np.int64))
+    buf = io.BytesIO()
+    np.savez(buf, rope_cos=np.ascontiguousarray(cos, np.float32), rope_sin=np.ascontiguousarray(sin, np.float32),
+             sinusoid=np.ascontiguousarray(trig.timestep_sinusoid(cfg.timestep), np.float32))
+    return buf.getvalue()
 
 
 def describe(cfg: Any, area_rule: str) -> dict[str, Any]:
@@ -30,7 +51,10 @@ def describe(cfg: Any, area_rule: str) -> dict[str, Any]:
                  "head_dim": cfg.dit.head_dim, "latent_channels": cfg.vae.latent_channels,
                  "spatial_factor": cfg.vae.spatial_factor, "temporal_factor": cfg.vae.temporal_factor,
                  "text_len": cfg.text_len},
-        "rope": {"theta": cfg.dit.rope_theta, "rule": "3-D MM-RoPE over (t, h, w) of the patched video and the text positions"},
+        "rope": {"theta": cfg.dit.rope_theta, "rule": "3-D MM-RoPE over (t, h, w) of the patched video and the text positions",
+                 "table_positions": rope_table_positions(cfg),
+                 "tables": "files.host_tables: torch's cos/sin of position * freq_k per integer position, and the "
+                           "timestep sinusoid at schedule.timestep"},
         "windows": {"count_at_720p": list(cfg.dit.window), "window_area": cfg.dit.window_area,
                     "window_max_t": cfg.dit.window_max_t,
                     "rule": "window counts scale with the patched grid relative to the 720p area (windows.partition)"},
@@ -44,7 +68,7 @@ def describe(cfg: Any, area_rule: str) -> dict[str, Any]:
         "noise": {"seed": OFFICIAL_SEED, "dtype": str(NOISE_DTYPE).replace("torch.", ""),
                   "order": "posterior eps (1,C,t,h,w) contiguous, then x_T drawn channels-last; torch generator"},
         "colour_fix": "wavelet colour fix against the preprocessed input (5 levels, dilated 3x3 binomial blur)",
-        "files": {"text_embedding": TEXT_EMBEDDING},
+        "files": {"text_embedding": TEXT_EMBEDDING, "host_tables": HOST_TABLES},
     }
 
 
@@ -84,7 +108,8 @@ def frame_summary(frames: np.ndarray) -> dict[str, Any]:
 
 def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[PackageCase]:
     """Single-image cases: the PNG, the noise drawn for the seed (``noise.npz``), and the torch
-    reference's restored frames for the seed and area the run verb would use."""
+    reference's restored frames (``expected.png``, sha256 and statistics) for the seed and area
+    the run verb would use."""
     from ncnnport.models.seedvr2.config import OFFICIAL_SEED
     from ncnnport.models.seedvr2.pipeline import TorchBackend, restore
     from PIL import Image
@@ -98,8 +123,9 @@ def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[Packag
             video = np.asarray(im.convert("RGB"), dtype=np.uint8)[None]
         area = area_of(loaded, *video.shape[1:3])
         result = restore(ref.config, backend, video, ref.text.numpy(), seed=OFFICIAL_SEED, area=area)
-        files = {"input.png": png, "noise.npz": noise_npz(result.noise.x_T, result.noise.posterior)}
-        out.append(PackageCase(fx.label, files, {"frames": "input.png", "noise": "noise.npz"},
+        files = {"input.png": png, "noise.npz": noise_npz(result.noise.x_T, result.noise.posterior),
+                 "expected.png": _png(result.frames[0])}
+        out.append(PackageCase(fx.label, files, {"frames": "input.png", "noise": "noise.npz", "expected": "expected.png"},
                                expected={**frame_summary(result.frames), "noise": result.noise.record()},
                                args={"seed": OFFICIAL_SEED, "area": area, "colour_fix": True}))
     return out

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ncnnport.models.seedvr2.windows import text_positions, video_positions  # noqa: F401 (re-exported)
+
 
 def rope_freqs(axis_dim: int, theta: float = 10000.0) -> torch.Tensor:
     """``1 / theta^(arange(0, axis_dim, 2) / axis_dim)``: 21 values at axis_dim 42."""
@@ -63,16 +65,3 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x*cos + rotate_pairs(x)*sin`` in fp32; cos/sin broadcast over leading axes."""
     return x * cos + rotate_pairs(x) * sin
-
-
-def text_positions(text_len: int) -> np.ndarray:
-    """Text token i sits at (i, i, i) in every window."""
-    i = np.arange(text_len)
-    return np.stack([i, i, i], axis=1)
-
-
-def video_positions(local: np.ndarray, text_len: int) -> np.ndarray:
-    """Window-local video positions with the time axis offset by the text length."""
-    pos = np.array(local, dtype=np.int64, copy=True)
-    pos[:, 0] += text_len
-    return pos

@@ -1,18 +1,17 @@
 """One-step SeedVR2 restoration pipeline (spec section 3), split into host steps and a backend.
 
 Host steps (resize, crop, frame padding, condition assembly, the Euler step, colour fix, uint8)
-are shared by every backend; a :class:`Backend` supplies the three networks (VAE encoder, DiT,
-VAE decoder). The PyTorch reference backend is here; the ncnn backend lives in ``runtime.py``.
-Comparing the two with the same explicit noise isolates the converted graphs.
+are shared by every backend (the torch-free flow is ``host.py``; this module plugs in the torch
+host ops: ATen's resize, the bf16-aware colour fix, the official seeded draws); a
+:class:`Backend` supplies the three networks (VAE encoder, DiT, VAE decoder). The PyTorch
+reference backends are here; the graph backend lives in ``runner.py``. Comparing the two with
+the same explicit noise isolates the converted graphs.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -20,59 +19,23 @@ import torch.nn.functional as F
 
 from ncnnport.models.seedvr2.config import OFFICIAL_SEED, SeedVR2Config
 from ncnnport.models.seedvr2.dit import NaDiT, attention_dtype
-from ncnnport.models.seedvr2.vae import VideoAutoencoderKL, latent_frames
+from ncnnport.models.seedvr2 import host
+from ncnnport.models.seedvr2.host import (Backend, HostOps, Result, area_size, centre_offset,  # noqa: F401 (re-exported)
+                                          latent_shape_for, posterior_latent, to_uint8)
+from ncnnport.models.seedvr2.vae import VideoAutoencoderKL
 
 
 # --- preprocessing ---------------------------------------------------------------------------
-def area_size(h: int, w: int, area: int) -> tuple[int, int]:
-    """Size with the aspect ratio of (h, w) and about ``area`` pixels (upscaling allowed)."""
-    scale = math.sqrt(area / (h * w))
-    return max(1, round(h * scale)), max(1, round(w * scale))
-
-
-def centre_offset(size: int, crop: int) -> int:
-    """First kept row/column of a centre crop from ``size`` to ``crop``.
-
-    The official DivisibleCrop calls torchvision's ``center_crop``, whose offset is
-    ``int(round((size - crop) / 2.0))``: Python's round, half to even, so an odd margin of 3, 7,
-    11 or 15 px starts one pixel later than a floor division would (2, 4, 6, 8 instead of 1, 3,
-    5, 7) and margins 1, 5, 9, 13 start where floor puts them."""
-    return int(round((size - crop) / 2.0))
+def torch_resize(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """ATen's antialiased bicubic (``F.interpolate(mode="bicubic", antialias=True)``) on the
+    (T, 3, H, W) array as given (strides kept: the run path always passed a channels-last view)."""
+    return F.interpolate(torch.from_numpy(x), size=(height, width), mode="bicubic", align_corners=False,
+                         antialias=True).numpy()
 
 
 def preprocess(frames: np.ndarray, area: int, multiple: int = 16) -> np.ndarray:
-    """uint8 (T, H, W, 3) -> float32 (3, T', H', W') in [-1, 1].
-
-    Area resize (bicubic, antialiased, clamped to [0, 1]), CENTRE crop to a multiple of 16, and
-    frames padded to 4n+1 by repeating the last frame (the causal VAE needs 4n+1).
-    """
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"expected uint8 (T, H, W, 3) frames, got {frames.dtype} {frames.shape}")
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 255.0
-    nh, nw = area_size(x.shape[2], x.shape[3], area)
-    if (nh, nw) != tuple(x.shape[2:]):
-        x = F.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)
-    x = x.clamp(0.0, 1.0)
-    ch, cw = nh - nh % multiple, nw - nw % multiple
-    if ch == 0 or cw == 0:
-        raise ValueError(f"resized frame {nh}x{nw} is smaller than {multiple} px")
-    top, left = centre_offset(nh, ch), centre_offset(nw, cw)
-    x = x[:, :, top:top + ch, left:left + cw]
-    t = x.shape[0]
-    pad = (-(t - 1)) % 4
-    if pad:
-        x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)], dim=0)
-    return (x * 2.0 - 1.0).permute(1, 0, 2, 3).contiguous().numpy()
-
-
-def latent_shape_for(cfg: SeedVR2Config, video: np.ndarray, area: int, multiple: int = 16) -> tuple[int, int, int, int]:
-    """(C, t, h, w) of the latent :func:`preprocess` + the encoder give for ``video`` at ``area``
-    (what the noise must be drawn for), without resizing anything."""
-    nh, nw = area_size(video.shape[1], video.shape[2], area)
-    frames = video.shape[0] + (-(video.shape[0] - 1)) % 4
-    s = cfg.vae.spatial_factor
-    return (cfg.vae.latent_channels, latent_frames(frames, cfg.vae.temporal_factor),
-            (nh - nh % multiple) // s, (nw - nw % multiple) // s)
+    """``host.preprocess`` with ATen's resize: uint8 (T, H, W, 3) -> float32 (3, T', H', W')."""
+    return host.preprocess(frames, area, multiple, resize=torch_resize)
 
 
 # --- colour fix ------------------------------------------------------------------------------
@@ -113,27 +76,7 @@ def wavelet_color_fix(output: np.ndarray, source: np.ndarray,
     return res.numpy()
 
 
-def to_uint8(x: np.ndarray) -> np.ndarray:
-    """(3, T, H, W) -> uint8 (T, H, W, 3) with the official script's float32 arithmetic:
-    ``clip(-1, 1) * 0.5 + 0.5``, ``* 255``, round half to even. Folding it into ``x * 127.5 +
-    127.5`` rounds differently: about 5 in a million values land one level off."""
-    y = np.clip(np.asarray(x, dtype=np.float32), -1.0, 1.0)
-    y = (y * np.float32(0.5) + np.float32(0.5)) * np.float32(255.0)
-    return np.rint(y).astype(np.uint8).transpose(1, 2, 3, 0)
-
-
 # --- backends --------------------------------------------------------------------------------
-class Backend(Protocol):
-    def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(1, 3, T, H, W) -> posterior (mean, logvar), each (1, 16, t, h, w)."""
-
-    def dit(self, cond: np.ndarray, txt: np.ndarray, t: float, stages: dict[str, np.ndarray]) -> np.ndarray:
-        """(t, h, w, 33), (L, txt_in) -> velocity (t, h, w, 16); records intermediates."""
-
-    def decode(self, z: np.ndarray) -> np.ndarray:
-        """(1, 16, t, h, w) -> (1, 3, T, H, W)."""
-
-
 class TorchBackend:
     """The fp32 PyTorch reference."""
 
@@ -219,16 +162,8 @@ def _draw_like_latent(shape: tuple[int, int, int, int], gen: torch.Generator) ->
     return channels_last.normal_(generator=gen).permute(3, 0, 1, 2)
 
 
-@dataclass
-class Noise:
-    """Explicit randomness: posterior noise and x_T, both channel-first (16, t, h, w) like the
-    official draws. ``posterior=None`` uses the posterior mean. ``seed``/``device`` say where a
-    seeded draw came from (None for noise given by the caller)."""
-
-    x_T: np.ndarray
-    posterior: np.ndarray | None = None
-    seed: int | None = None
-    device: str | None = None
+class Noise(host.Noise):
+    """``host.Noise`` with the official torch draws (:meth:`seeded`)."""
 
     @staticmethod
     def seeded(latent_shape: tuple[int, int, int, int], seed: int, sample_posterior: bool = True,
@@ -256,76 +191,25 @@ class Noise:
         x_T = _draw_like_latent(latent_shape, gen)
         return Noise(x_T=_f32(x_T), posterior=None if post is None else _f32(post), seed=seed, device=device)
 
-    def record(self) -> dict[str, Any]:
-        """What a parity record or run log keeps to identify the noise: shape, seed, device and a
-        sha256 over the float32 bytes of x_T then the posterior noise."""
-        h = hashlib.sha256(np.ascontiguousarray(self.x_T, dtype=np.float32).tobytes())
-        if self.posterior is not None:
-            h.update(np.ascontiguousarray(self.posterior, dtype=np.float32).tobytes())
-        return {"shape": list(self.x_T.shape), "seed": self.seed, "device": self.device,
-                "dtype": "bfloat16" if self.seed is not None else str(self.x_T.dtype),
-                "posterior": "sample" if self.posterior is not None else "mean", "sha256": h.hexdigest()}
-
 
 def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.float().cpu().numpy())
 
 
-def posterior_latent(mean: np.ndarray, logvar: np.ndarray, noise: Noise, scale: float) -> np.ndarray:
-    """(1, C, t, h, w) moments -> scaled latent (C, t, h, w): ``(mean + exp(logvar / 2) * eps) *
-    scale``, or ``mean * scale`` when the noise carries no posterior draw."""
-    z = mean[0]
-    if noise.posterior is not None:
-        if noise.posterior.shape != z.shape:
-            raise ValueError(f"posterior noise {noise.posterior.shape}, posterior is {z.shape}")
-        z = z + np.exp(0.5 * logvar[0]) * noise.posterior
-    return (z * scale).astype(np.float32)
-
-
-@dataclass
-class Result:
-    frames: np.ndarray                       # uint8 (T, H, W, 3), padding frames removed
-    stages: dict[str, np.ndarray] = field(default_factory=dict)
-    noise: Noise | None = None
-
-
 def restore(cfg: SeedVR2Config, backend: Backend, video: np.ndarray, txt: np.ndarray,
-            noise: Noise | None = None, *, seed: int = OFFICIAL_SEED, area: int | None = None,
+            noise: host.Noise | None = None, *, seed: int = OFFICIAL_SEED, area: int | None = None,
             colour_fix: bool = True, sample_posterior: bool = True) -> Result:
     """uint8 frames (T, H, W, 3) -> restored uint8 frames, with every intermediate recorded.
 
-    ``area`` defaults to the input's own area (no resize): the real model is run at 720x1280.
-    Without explicit ``noise`` the official draws for ``seed`` are made (:meth:`Noise.seeded`),
-    sampling the posterior like the official encoder unless ``sample_posterior`` is False.
+    ``host.restore`` with the torch host ops. ``area`` defaults to the input's own area (no
+    resize): the real model is run at 720x1280. Without explicit ``noise`` the official draws for
+    ``seed`` are made (:meth:`Noise.seeded`), sampling the posterior like the official encoder
+    unless ``sample_posterior`` is False.
     """
-    n_in = video.shape[0]
-    rnd = host_round(backend)
     area = area if area is not None else video.shape[1] * video.shape[2]
-    x = preprocess(video, area)                                    # (3, T, H, W)
-    stages: dict[str, np.ndarray] = {"input": x}
-    c, T, H, W = x.shape
-    s = cfg.vae.spatial_factor
-    lat_shape = (cfg.vae.latent_channels, latent_frames(T, cfg.vae.temporal_factor), H // s, W // s)
-    noise = noise if noise is not None else Noise.seeded(lat_shape, seed, sample_posterior)
-    if noise.x_T.shape != lat_shape:
-        raise ValueError(f"x_T noise {noise.x_T.shape}, latent is {lat_shape}")
-    mean, logvar = backend.encode(x[None])
-    stages["posterior_mean"], stages["posterior_logvar"] = mean, logvar
-    latent = rnd(posterior_latent(mean, logvar, noise, cfg.vae.scaling_factor))   # (16, t, h, w)
-    stages["latent"] = latent
-    lq = latent.transpose(1, 2, 3, 0)                              # channels-last
-    x_T = noise.x_T.transpose(1, 2, 3, 0)
-    mask = np.ones(lq.shape[:3] + (1,), dtype=np.float32)
-    cond = np.ascontiguousarray(np.concatenate([x_T, lq, mask], axis=-1), dtype=np.float32)
-    v = backend.dit(cond, np.ascontiguousarray(txt, dtype=np.float32), cfg.timestep, stages)
-    # Linear-interpolation schedule, velocity prediction, one Euler step from t = T to 0.
-    x0 = rnd((x_T - v * (cfg.timestep / cfg.schedule_T)).astype(np.float32))
-    stages["x0"] = x0
-    z = rnd(np.ascontiguousarray((x0 / cfg.vae.scaling_factor).transpose(3, 0, 1, 2)[None], dtype=np.float32))
-    dec = backend.decode(z)[0]            # unclipped: the official colour-fixes, then clips
-    stages["decoded"] = dec
-    if colour_fix:
-        dec = wavelet_color_fix(dec, x, getattr(backend, "host_dtype", torch.float32))
-    frames = to_uint8(dec)[:n_in]
-    stages["frames"] = frames
-    return Result(frames=frames, stages=stages, noise=noise)
+    if noise is None:
+        noise = Noise.seeded(latent_shape_for(cfg, video, area), seed, sample_posterior)
+    content = getattr(backend, "host_dtype", torch.float32)
+    ops = HostOps(resize=torch_resize, colour_fix=lambda dec, x: wavelet_color_fix(dec, x, content),
+                  rnd=host_round(backend))
+    return host.restore(cfg, backend, video, txt, noise, area=area, colour_fix=colour_fix, ops=ops)

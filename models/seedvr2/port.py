@@ -167,6 +167,44 @@ def is_block_graph(name: str) -> bool:
     return name.startswith("dit_block_")
 
 
+def full_width(cfg: Any) -> bool:
+    """Whether ``cfg`` has the real model's widths (the real preset, a real checkpoint)."""
+    from ncnnport.models.seedvr2.config import REAL
+
+    return cfg.dit.vid_dim >= REAL.dit.vid_dim
+
+
+def default_area(cfg: Any, h: int, w: int) -> int:
+    """Full-size models run at the official 720x1280 area; small test models (presets or
+    checkpoints of a tiny config) at the input's own area, capped for CPU time."""
+    return REAL_AREA if full_width(cfg) else min(h * w, TINY_MAX_AREA)
+
+
+def graph_backend_for(cfg: Any, modules: Mapping[str, Any], streamed: bool = False, trig: Any = None):
+    """(backend, runners): the pipeline backend over ``modules`` and the runner lifecycle it
+    opens and releases through (``modules`` itself when it is one, the run verb's and the
+    parity driver's ``LazyModules``; else a view over the open graphs). Streamed: each DiT
+    block graph is opened right before its call and released right after. ``trig``: the RoPE
+    and timestep tables' source (default torch's functions; a package's lookup tables)."""
+    from ncnnport.models.seedvr2.runner import GraphBackend
+    from ncnnport.runtime.lazy_modules import Runners
+
+    runners = modules if isinstance(modules, Runners) else Runners.over(modules)
+    release = runners.release if streamed else None
+    return GraphBackend(cfg, runners.get, release, streamed=streamed, trig=trig), runners
+
+
+def noise_line(noise: Any, source: Path | None) -> str:
+    """How the run log names its noise: the file it came from, or the seed and generator."""
+    rec = noise.record()
+    where = f"noise from {source}" if source is not None else f"noise seed {rec['seed']} on {rec['device']}"
+    return f"{where}, posterior {rec['posterior']}, sha256 {rec['sha256'][:16]}"
+
+
+NUMPY_NOISE_NOTE = ("note: noise drawn with numpy's generator for --seed: not the official torch stream, so frames "
+                    "differ from the torch run path's; pass --noise FILE.npz for given values")
+
+
 class SeedVR2Port(KitPort):
     """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims with
     seeded per-tensor weights, and a checkpoint folder (safetensors, or official ``.pth`` files
@@ -225,22 +263,12 @@ class SeedVR2Port(KitPort):
 
     @staticmethod
     def graph_backend(loaded: LoadedModel, modules: Mapping[str, Any], streamed: bool = False):
-        """(backend, runners): the pipeline backend over ``modules`` and the runner lifecycle it
-        opens and releases through (``modules`` itself when it is one, the run verb's and the
-        parity driver's ``LazyModules``; else a view over the open graphs). Streamed: each DiT
-        block graph is opened right before its call and released right after."""
-        from ncnnport.models.seedvr2.runner import GraphBackend
-        from ncnnport.runtime.lazy_modules import Runners
-
-        runners = modules if isinstance(modules, Runners) else Runners.over(modules)
-        release = runners.release if streamed else None
-        return GraphBackend(loaded.reference.config, runners.get, release, streamed=streamed), runners
+        """:func:`graph_backend_for` the reference's config (torch's RoPE/timestep tables)."""
+        return graph_backend_for(loaded.reference.config, modules, streamed)
 
     @staticmethod
     def _full_width(loaded: LoadedModel) -> bool:
-        from ncnnport.models.seedvr2.config import REAL
-
-        return loaded.reference.config.dit.vid_dim >= REAL.dit.vid_dim
+        return full_width(loaded.reference.config)
 
     def _fixtures(self, loaded: LoadedModel) -> tuple[list[Fixture], str]:
         """The synthetic e2e fixtures for this model's width, and the residency fixture."""
@@ -249,11 +277,8 @@ class SeedVR2Port(KitPort):
         return list(FIXTURES), RESIDENCY_FIXTURE
 
     def _area(self, loaded: LoadedModel, h: int, w: int) -> int:
-        """Full-size models run at the official 720x1280 area; small test models (presets or
-        checkpoints of a tiny config) at the input's own area, capped for CPU time."""
-        if self._full_width(loaded):
-            return REAL_AREA
-        return min(h * w, TINY_MAX_AREA)
+        """:func:`default_area` of the reference's config."""
+        return default_area(loaded.reference.config, h, w)
 
     # --- end-to-end parity ---------------------------------------------------------------------
     def e2e_parity(self, ctx: E2EContext) -> list[dict[str, Any]]:
@@ -411,7 +436,11 @@ class SeedVR2Port(KitPort):
         parser.add_argument("--noise-device", choices=("cpu", "cuda"), default="cpu",
                             help="generator for the seeded noise: cuda draws what the official (CUDA) run draws on "
                                  "the same GPU model; cpu (default) has the same order, shapes and dtype but "
-                                 "torch's CPU generator, so different values")
+                                 "torch's CPU generator, so different values (with --package: numpy's generator, "
+                                 "another stream again)")
+        parser.add_argument("--noise", type=Path, default=None, metavar="FILE.npz",
+                            help="explicit noise instead of --seed draws: float32 'x_T' and optionally 'posterior', "
+                                 "channel-first (16, t, h, w), e.g. a package case's noise.npz")
         parser.add_argument("--posterior", choices=("sample", "mean"), default="sample",
                             help="sample the VAE posterior like the official encoder (default), or use its mean")
         parser.add_argument("--residency", choices=("resident", "streamed"), default="resident",
@@ -424,16 +453,24 @@ class SeedVR2Port(KitPort):
             read_frames(Path(p))
 
     def validate_run_args(self, args) -> None:
-        """Input decodes, output follows :func:`check_output`, a CUDA noise device exists."""
+        """Input decodes, output follows :func:`check_output`, a ``--noise`` file reads, a CUDA
+        noise device exists (never with ``--package``: that path has no torch)."""
+        from ncnnport.models.seedvr2.host import read_noise
+
         self.validate_inputs([args.input])
         check_output(args.input, args.output)
+        if getattr(args, "noise", None) is not None:
+            read_noise(args.noise)
         if getattr(args, "noise_device", "cpu") == "cuda":
+            if getattr(args, "package", None) is not None:
+                raise ValueError("--noise-device cuda: run --package has no torch; pass the official draws "
+                                 "with --noise FILE.npz")
             import torch
 
             if not torch.cuda.is_available():
                 raise ValueError("--noise-device cuda: no CUDA device is visible to torch")
 
-    # --- the package alone (expected values only: the run path still needs torch) -------------
+    # --- the package alone (torch-free: packaged.py) -------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         from ncnnport.models.seedvr2.describe import describe
         rule = (f"{REAL_AREA} px (720x1280) at full width" if self._full_width(loaded)
@@ -441,41 +478,96 @@ class SeedVR2Port(KitPort):
         return describe(loaded.reference.config, rule)
 
     def runtime_files(self, loaded: LoadedModel) -> dict[str, bytes]:
-        from ncnnport.models.seedvr2.describe import TEXT_EMBEDDING, npy_bytes
-        return {TEXT_EMBEDDING: npy_bytes(loaded.reference.text.numpy().astype(np.float32))}
+        from ncnnport.models.seedvr2.describe import HOST_TABLES, TEXT_EMBEDDING, host_tables_npz, npy_bytes
+        cfg = loaded.reference.config
+        return {TEXT_EMBEDDING: npy_bytes(loaded.reference.text.numpy().astype(np.float32)),
+                HOST_TABLES: host_tables_npz(cfg)}
 
     def package_cases(self, loaded: LoadedModel) -> list[Any]:
         from ncnnport.models.seedvr2.describe import package_cases
         single = [f for f in self._fixtures(loaded)[0] if f.frames == 1][:2]
         return package_cases(loaded, single, self._area)
 
+    def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                   modules: Mapping[str, Any]) -> dict[str, Any]:
+        """A packaged case with its stored noise against the torch reference's frames: equal bytes,
+        or the packaged policy's frames gate of the run's judging mode against ``expected.png``
+        (ncnn's graphs are not torch's bit for bit, so a few values can land one level off)."""
+        from ncnnport.models.seedvr2 import packaged
+        from ncnnport.parity.policy import Policy
+        from ncnnport.runtime import precision
+
+        options = _options_of(modules)
+        mode = precision.judging_mode(precision.of_options(options), options.use_vulkan)
+        policy_file = Path(package) / "policy.json"
+        tol = Policy.load(policy_file).stage("frames", mode) if policy_file.is_file() else None
+        try:  # a package or case this runtime cannot read is a failed row naming the file
+            rt = packaged.open_packaged(package, model_json)
+            expected = read_frames(case.inputs["expected"]) if "expected" in case.inputs and tol is not None else None
+            backend, _ = graph_backend_for(rt.cfg, modules, trig=rt.trig)
+            return packaged.check_case(rt, backend, case, read_frames(case.inputs["frames"]), expected, tol)
+        except ValueError as exc:  # PackageError is a ValueError
+            return {"passed": False, "detail": str(exc)}
+
     def run(self, loaded: LoadedModel, modules, args) -> int:
+        """The run verb on a model build: torch's host ops, the official seeded draws (or ``--noise``)."""
         from ncnnport.models.seedvr2.pipeline import restore
+
+        def flow(backend: Any, video: np.ndarray, noise: Any, area: int) -> Any:
+            return restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(), noise,
+                           area=area, colour_fix=not args.no_colour_fix)
+
+        cfg = loaded.reference.config
+        return self._run_flow(cfg, modules, args, None, flow, lambda shape: self._run_noise(shape, args))
+
+    def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any], args: Any) -> int:
+        """The run verb on a package alone: numpy host ops, the package's tables and text
+        embedding; noise from ``--noise`` or numpy's generator (said in one line)."""
+        from ncnnport.models.seedvr2 import host, packaged
+
+        rt = packaged.open_packaged(package, model_json)
+
+        def flow(backend: Any, video: np.ndarray, noise: Any, area: int) -> Any:
+            return packaged.restore(rt, backend, video, noise, area, colour_fix=not args.no_colour_fix)
+
+        def noise_for(shape: tuple[int, int, int, int]) -> Any:
+            if args.noise is not None:
+                return host.read_noise(args.noise, shape)
+            print(NUMPY_NOISE_NOTE, file=sys.stderr)
+            return host.numpy_noise(shape, args.seed, sample_posterior=args.posterior == "sample")
+
+        return self._run_flow(rt.cfg, modules, args, rt.trig, flow, noise_for)
+
+    @staticmethod
+    def _run_flow(cfg: Any, modules: Mapping[str, Any], args: Any, trig: Any, flow: Any, noise_for: Any) -> int:
+        """Read the input, restore it with ``flow`` and write the frames: the one run path of the
+        model build and of the package (they differ in ``flow``, ``trig`` and ``noise_for``)."""
+        from ncnnport.models.seedvr2.host import latent_shape_for
 
         check_output(args.input, args.output)
         precision = _options_of(modules).label  # the CLI's --precision, applied when it opened them
         video = read_frames(args.input)
-        area = args.area or self._area(loaded, video.shape[1], video.shape[2])
-        backend, runners = self.graph_backend(loaded, modules, streamed=args.residency == "streamed")
-        noise = self._run_noise(loaded, video, area, args)
-        result = restore(loaded.reference.config, backend, video, loaded.reference.text.numpy(), noise,
-                         area=area, colour_fix=not args.no_colour_fix)
+        area = args.area or default_area(cfg, video.shape[1], video.shape[2])
+        backend, runners = graph_backend_for(cfg, modules, streamed=args.residency == "streamed", trig=trig)
+        noise = noise_for(latent_shape_for(cfg, video, area))
+        result = flow(backend, video, noise, area)
         paths = write_frames(result.frames, args.output, single=not Path(args.input).is_dir())
         held = runners.live_peak(is_block_graph)
-        rec = noise.record()
         print(f"wrote {len(paths)} frame(s) {result.frames.shape[2]}x{result.frames.shape[1]} to {args.output} "
-              f"[{precision}, {args.residency}: at most {held} DiT block graph(s) held at once; noise seed "
-              f"{rec['seed']} on {rec['device']}, posterior {rec['posterior']}, sha256 {rec['sha256'][:16]}]")
+              f"[{precision}, {args.residency}: at most {held} DiT block graph(s) held at once; "
+              f"{noise_line(noise, args.noise)}]")
         sys.stdout.flush()
         return 0
 
     @staticmethod
-    def _run_noise(loaded: LoadedModel, video: np.ndarray, area: int, args):
-        """The seeded official draws for this input's latent shape (``--seed``,
-        ``--noise-device``, ``--posterior``)."""
-        from ncnnport.models.seedvr2.pipeline import Noise, latent_shape_for
+    def _run_noise(shape: tuple[int, int, int, int], args: Any) -> Any:
+        """``--noise FILE.npz``, else the seeded official draws for this input's latent shape
+        (``--seed``, ``--noise-device``, ``--posterior``)."""
+        from ncnnport.models.seedvr2.host import read_noise
+        from ncnnport.models.seedvr2.pipeline import Noise
 
-        shape = latent_shape_for(loaded.reference.config, video, area)
+        if getattr(args, "noise", None) is not None:
+            return read_noise(args.noise, shape)
         return Noise.seeded(shape, args.seed, sample_posterior=args.posterior == "sample",
                             device=getattr(args, "noise_device", "cpu"))
 

@@ -7,6 +7,10 @@ window-local RoPE tables, and the VAE's depth-to-space between decoder graphs. E
 is data movement or the same float32 arithmetic as the reference, so torch-vs-ncnn differences
 come from the graphs alone.
 
+Torch-free: the RoPE and timestep tables come from a :class:`Trig` source, torch's own
+functions on the torch run path (:class:`TorchTrig`) or the package's lookup tables
+(``host_numpy.TrigTables``) on ``run --package``; both give the same float32 values.
+
 Residency: ``resident`` keeps every graph loaded; ``streamed`` loads a block's two graphs right
 before use and releases them right after (peak memory of one block), same numbers bit for bit.
 """
@@ -14,18 +18,49 @@ before use and releases them right after (peak memory of one block), same number
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-import torch
 
 from ncnnport.models.seedvr2.config import SeedVR2Config
-from ncnnport.models.seedvr2.dit import timestep_sinusoid
-from ncnnport.models.seedvr2.mmrope import MMRoPE3d, text_positions, video_positions
-from ncnnport.models.seedvr2.windows import partition, window_local_positions, window_token_index
-from ncnnport.models.seedvr2.wrappers import depth_to_space, pair_to_half_perm
+from ncnnport.models.seedvr2.host_numpy import depth_to_space, pair_to_half_perm, rope_rows
+from ncnnport.models.seedvr2.windows import (partition, text_positions, video_positions, window_local_positions,
+                                             window_token_index)
 
 Runner = Any  # has .run(list[np.ndarray]) -> list[np.ndarray]
+
+
+class Trig(Protocol):
+    """Where the host's RoPE angles and timestep sinusoid come from."""
+
+    def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin of ``positions * freq_k`` for integer ``positions`` -> positions.shape + (F,)."""
+
+    def timestep_sinusoid(self, t: float) -> np.ndarray:
+        """The ``dit_embedding`` input ``[sin(t f_i), cos(t f_i)]``."""
+
+
+class TorchTrig:
+    """Torch's float32 cos/sin/exp, as the reference computes them (frequencies as the
+    checkpoint's ``rope.rope.freqs`` buffers; ``port.load`` checks a checkpoint holds exactly
+    these)."""
+
+    def __init__(self, cfg: SeedVR2Config) -> None:
+        from ncnnport.models.seedvr2.mmrope import rope_freqs
+
+        self.cfg = cfg
+        self.freqs = rope_freqs(cfg.dit.rope_axis_dim, cfg.dit.rope_theta)
+
+    def angles(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        ang = torch.from_numpy(np.asarray(positions)).to(torch.float32)[..., None] * self.freqs
+        return ang.cos().numpy(), ang.sin().numpy()
+
+    def timestep_sinusoid(self, t: float) -> np.ndarray:
+        from ncnnport.models.seedvr2.dit import timestep_sinusoid
+
+        return timestep_sinusoid(t, self.cfg.dit.sinusoidal_dim).numpy()
 
 
 def block_names(i: int) -> tuple[str, str]:
@@ -65,19 +100,18 @@ class Plan:
 
 
 class DiTGeometry:
-    """Window plans and RoPE tables for a config (frequencies computed as the checkpoint's
-    ``rope.rope.freqs`` buffers; ``port.load`` checks a checkpoint holds exactly these)."""
+    """Window plans and RoPE tables for a config, from ``trig`` (default: torch's functions)."""
 
-    def __init__(self, cfg: SeedVR2Config) -> None:
+    def __init__(self, cfg: SeedVR2Config, trig: Trig | None = None) -> None:
         self.cfg = cfg
-        d = cfg.dit
-        self.rope = MMRoPE3d(d.head_dim, d.rope_axis_dim, d.rope_theta)
-        self.perm = torch.from_numpy(pair_to_half_perm(d.head_dim))
+        self.trig = trig if trig is not None else TorchTrig(cfg)
+        self.perm = pair_to_half_perm(cfg.dit.head_dim)
 
     def _tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """cos and SIGNED sin ``[-sin, sin]`` in rotate-half channel order (see wrappers)."""
-        c, s = self.rope.tables(torch.from_numpy(pos))
-        c, s = c[:, self.perm].numpy(), s[:, self.perm].numpy().copy()
+        """cos and SIGNED sin ``[-sin, sin]`` in rotate-half channel order (see wrappers) of the
+        pair-layout tables ``mmrope.MMRoPE3d.tables`` gives for ``pos`` [n, 3]."""
+        c, s = rope_rows(*self.trig.angles(pos), self.cfg.dit.head_dim)
+        c, s = c[:, self.perm], s[:, self.perm].copy()
         s[:, : s.shape[1] // 2] *= -1.0
         return np.ascontiguousarray(c), s
 
@@ -105,9 +139,10 @@ class GraphBackend:
     """
 
     def __init__(self, cfg: SeedVR2Config, get: Callable[[str], Runner],
-                 release: Callable[[str], None] | None = None, streamed: bool = False) -> None:
+                 release: Callable[[str], None] | None = None, streamed: bool = False,
+                 trig: Trig | None = None) -> None:
         self.cfg, self.get, self.release, self.streamed = cfg, get, release, streamed
-        self.geometry = DiTGeometry(cfg)
+        self.geometry = DiTGeometry(cfg, trig)
 
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mean, logvar = self.get("vae_encode").run([np.ascontiguousarray(x, dtype=np.float32)])
@@ -165,7 +200,8 @@ class GraphBackend:
         L = txt.shape[0]
         vid, tx = self.get("dit_input").run([patchify_np(cond), np.ascontiguousarray(txt[None], dtype=np.float32)])
         stages["vid_tokens"], stages["txt_tokens"] = vid[0], tx[0]
-        emb6 = self.get("dit_embedding").run([timestep_sinusoid(t, d.sinusoidal_dim).numpy()[None]])[0]
+        sinusoid = np.ascontiguousarray(self.geometry.trig.timestep_sinusoid(t), dtype=np.float32)
+        emb6 = self.get("dit_embedding").run([sinusoid[None]])[0]
         stages["emb"] = np.ascontiguousarray(emb6[0].T.reshape(-1))  # back to the interleaved layout
         cos_t, sin_t = self.geometry.text_tables(L)
         plans = {s: self.geometry.plan(grid, s, L) for s in (False, True)}

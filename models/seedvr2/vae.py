@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ncnnport.models.seedvr2.config import VAEConfig
+from ncnnport.models.seedvr2.host import latent_frames  # noqa: F401 (the VAE's frame rule, torch-free)
 
 
 class CausalConv3d(nn.Conv3d):
@@ -212,13 +213,6 @@ class VideoAutoencoderKL(nn.Module):
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         return self.decoder(z)
-
-
-def latent_frames(frames: int, temporal_factor: int = 4) -> int:
-    """4n+1 video frames -> n+1 latent frames (only 4n+1 is valid)."""
-    if frames < 1 or (frames - 1) % temporal_factor:
-        raise ValueError(f"{frames} frames: the causal VAE needs {temporal_factor}n+1 frames")
-    return (frames - 1) // temporal_factor + 1
 
 
 def video_frames(latents: int, temporal_factor: int = 4) -> int:

@@ -80,3 +80,17 @@ def window_local_positions(windows: Sequence[Window]) -> list[np.ndarray]:
                                  np.arange(sw.stop - sw.start), indexing="ij")
         out.append(np.stack([tt.reshape(-1), hh.reshape(-1), ww.reshape(-1)], axis=1))
     return out
+
+
+def text_positions(text_len: int) -> np.ndarray:
+    """RoPE positions of the text: token i sits at (i, i, i) in every window."""
+    i = np.arange(text_len)
+    return np.stack([i, i, i], axis=1)
+
+
+def video_positions(local: np.ndarray, text_len: int) -> np.ndarray:
+    """RoPE positions of a window's video tokens: window-local (t, h, w) with the time axis offset
+    by the text length."""
+    pos = np.array(local, dtype=np.int64, copy=True)
+    pos[:, 0] += text_len
+    return pos

@@ -22,15 +22,11 @@ from torch import nn
 
 from ncnnport.models.seedvr2.dit import NaDiT, NaMMSRTransformerBlock
 from ncnnport.models.seedvr2.conv_fold import fold_convs
+from ncnnport.models.seedvr2.host_numpy import depth_to_space, pair_to_half_perm  # noqa: F401 (re-exported)
 from ncnnport.models.seedvr2.vae import FrameAttention, MidBlock3D, ResnetBlock3D, VideoAutoencoderKL
 
 
 # --- shared pieces ---------------------------------------------------------------------------
-def pair_to_half_perm(head_dim: int) -> np.ndarray:
-    """Channel order that turns adjacent-pair rotation into rotate-half: evens then odds."""
-    return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
-
-
 def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm as ``F.rms_norm`` (pnnx fuses it into ncnn RMSNorm).
 
@@ -342,18 +338,3 @@ class VAEDecodeStage(nn.Module):
         if self.last:
             return self.conv_out(F.silu(gn_frames(self.norm_out, x)))
         return self.upscale(x)
-
-
-def depth_to_space(y: np.ndarray, temporal: bool) -> np.ndarray:
-    """Host-side rearrange ``b (x y [z] c) f h w -> b c (f [z]) (h x) (w y)``; the space-time
-    variant then drops output frame 1 (2f-1 frames). Pure data movement, exact."""
-    b, ch, f, h, w = y.shape
-    if temporal:
-        c = ch // 8
-        z = y.reshape(b, 2, 2, 2, c, f, h, w).transpose(0, 4, 5, 3, 6, 1, 7, 2)
-        z = z.reshape(b, c, f * 2, h * 2, w * 2)
-        z = np.concatenate([z[:, :, :1], z[:, :, 2:]], axis=2)
-    else:
-        c = ch // 4
-        z = y.reshape(b, 2, 2, c, f, h, w).transpose(0, 3, 4, 5, 1, 6, 2).reshape(b, c, f, h * 2, w * 2)
-    return np.ascontiguousarray(z, dtype=np.float32)

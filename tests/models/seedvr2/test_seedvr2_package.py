@@ -1,6 +1,6 @@
-"""SeedVR2 packages: golden vectors verified without torch; model.json, the text embedding and
-the e2e cases' expected frames (sha256 + statistics) written from the torch reference. The run
-path is not torch-free yet, so verify reports those cases as not run (a failure, said why)."""
+"""SeedVR2 packages: model.json, the text embedding, the host tables and the e2e cases' expected
+frames written from the torch reference; ``verify`` and ``run --package`` run them with torch
+and transformers blocked, giving the torch run path's frame bytes on the same noise."""
 
 from __future__ import annotations
 
@@ -76,19 +76,88 @@ def test_case_noise_is_stored_and_reproduces_the_expected_frames(built):
         assert frame_summary(result.frames)["frames_sha256"] == case.expected["frames_sha256"]
 
 
-def test_verify_without_torch_passes_goldens_and_names_the_unrun_cases(built, tmp_path):
+def test_verify_without_torch_passes_goldens_and_every_case(built, tmp_path):
+    """Cases run torch-free on their stored noise and are judged against the torch reference's
+    frames (``expected.png``) by the packaged fp32 frames gate: ncnn's graphs are not torch's
+    bit for bit, so a few values land one level off (the parity run's frames record)."""
     _, pkg = built
     r = cli("verify", pkg, env=blocking_env(tmp_path / "block"))
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| ")][2:]
-    failed = [ln for ln in rows if "| FAIL |" in ln]
-    assert failed and all(ln.startswith("| case |") and "no torch-free runtime" in ln for ln in failed)
+    assert not [ln for ln in rows if "| FAIL |" in ln]
+    cases = [ln for ln in rows if ln.startswith("| case |")]
+    assert len(cases) >= 2 and all("bytes equal" in ln or "frames gate: pass" in ln for ln in cases), cases
+    print("\n".join(cases))
     assert sum("| golden |" in ln and "| PASS |" in ln for ln in rows) >= 17
 
 
-def test_run_package_without_torch_refuses_in_one_line(built, tmp_path):
+def _run_both(built, tmp_path, *extra: object, case: str = "image_256x448_multiwindow") -> tuple[bytes, bytes, str, str]:
+    """``run`` on the model build (torch host ops) and ``run --package`` with torch and
+    transformers blocked, same input and noise: (frames a, frames b, stdout a, stdout b)."""
+    from PIL import Image
+
+    prep, pkg = built
+    case = pkg / "cases" / case
+    args = ["run", "seedvr2", "--input", case / "input.png", *extra]
+    a = cli(*args, "--output", tmp_path / "a.png", "--build-dir", prep.target.build_root)
+    b = cli(*args, "--output", tmp_path / "b.png", "--package", pkg, env=blocking_env(tmp_path / "block"))
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    fa, fb = (np.asarray(Image.open(tmp_path / f"{k}.png")) for k in "ab")
+    return fa, fb, a.stdout.replace(str(tmp_path / "a.png"), "OUT"), b.stdout.replace(str(tmp_path / "b.png"), "OUT")
+
+
+def test_run_package_without_torch_gives_the_run_paths_bytes_on_the_case_noise(built, tmp_path):
+    """No resize (the case runs at its own area): every host step is bit-exact, so the frames
+    are the ncnn run path's bytes (and within the frames gate of the torch reference's)."""
+    from ncnnport.models.seedvr2.packaged import judge_frames
+    from ncnnport.models.seedvr2.port import read_frames
+    from ncnnport.package.cases import read_cases
+    from ncnnport.parity.policy import Policy
+
+    _, pkg = built
+    case = next(c for c in read_cases(pkg) if c.name == "image_256x448_multiwindow")
+    fa, fb, out_a, out_b = _run_both(built, tmp_path, "--noise", case.inputs["noise"])
+    assert np.array_equal(fa, fb) and out_a == out_b
+    ok, detail = judge_frames(fb[None], read_frames(case.inputs["expected"]),
+                              Policy.load(pkg / "policy.json").stage("frames", "fp32"))
+    print(f"run --package vs the torch reference: {detail}")
+    assert ok, detail
+
+
+@pytest.mark.parametrize("case, area, latent", [("image_64x96", 128 * 192, (16, 1, 16, 24)),
+                                                 ("image_256x448_multiwindow", 128 * 224, (16, 1, 16, 28))])
+def test_run_package_with_a_resize_equals_the_run_path_or_its_frames_gate(built, tmp_path, case, area, latent):
+    """An upscale (96x64 -> 192x128): the numpy resize is ATen's bytes, so the frames are the
+    run path's. A downscale (448x256 -> 224x128): within 2 float32 ulp of ATen's, not bit-exact,
+    so the packaged fp32 frames gate judges (the measured difference is printed)."""
+    from ncnnport.models.seedvr2.host import numpy_noise
+    from ncnnport.models.seedvr2.packaged import judge_frames
+    from ncnnport.parity.policy import Policy
+
+    _, pkg = built
+    noise = tmp_path / "noise.npz"
+    n = numpy_noise(latent, 5)
+    np.savez(noise, x_T=n.x_T, posterior=n.posterior)
+    fa, fb, out_a, out_b = _run_both(built, tmp_path, "--area", area, "--noise", noise, case=case)
+    assert fa.shape == (latent[2] * 8, latent[3] * 8, 3) and out_a == out_b
+    ok, detail = judge_frames(fb[None], fa[None], Policy.load(pkg / "policy.json").stage("frames", "fp32"))
+    print(f"{case} resized to area {area}: torch-free vs torch run path: {detail}")
+    if case == "image_64x96":
+        assert np.array_equal(fa, fb), detail
+    assert ok, detail
+
+
+def test_run_package_without_noise_draws_with_numpy_and_says_so(built, tmp_path):
     _, pkg = built
     r = cli("run", "seedvr2", "--input", pkg / "cases" / "image_64x96" / "input.png", "--output", tmp_path / "o.png",
             "--package", pkg, env=blocking_env(tmp_path / "block"))
-    assert r.returncode == 2 and "model seedvr2 cannot run from a package alone yet" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "not the official torch stream" in r.stderr and "noise seed 666 on numpy" in r.stdout
+    assert (tmp_path / "o.png").is_file()
+
+
+def test_run_package_refuses_cuda_noise_in_one_line(built, tmp_path):
+    _, pkg = built
+    r = cli("run", "seedvr2", "--input", pkg / "cases" / "image_64x96" / "input.png", "--output", tmp_path / "o.png",
+            "--package", pkg, "--noise-device", "cuda", env=blocking_env(tmp_path / "block"))
+    assert r.returncode == 2 and "run --package has no torch" in r.stderr and "Traceback" not in r.stderr

@@ -8,7 +8,7 @@ import torch
 
 from ncnnport.models.seedvr2 import model as M
 from ncnnport.models.seedvr2 import specs as S
-from ncnnport.models.seedvr2.mmrope import apply_rope
+from ncnnport.models.seedvr2.mmrope import MMRoPE3d, apply_rope
 from ncnnport.models.seedvr2.pipeline import Noise, TorchBackend, restore
 from ncnnport.models.seedvr2.runner import DiTGeometry, GraphBackend, decode_stage_temporal, torch_runners
 from ncnnport.models.seedvr2.windows import partition, window_local_positions, window_token_index
@@ -61,7 +61,7 @@ def test_pair_rope_equals_permuted_rotate_half(preset) -> None:
     hd = cfg.dit.head_dim
     perm = torch.from_numpy(pair_to_half_perm(hd))
     pos = np.array([[9, 2, 5], [7, 0, 1], [60, 3, 3]])
-    cos, sin = geo.rope.tables(torch.from_numpy(pos))
+    cos, sin = MMRoPE3d(hd, cfg.dit.rope_axis_dim, cfg.dit.rope_theta).tables(torch.from_numpy(pos))
     c, s = geo._tables(pos)
     x = torch.randn(3, hd)
     want = apply_rope(x, cos, sin)[:, perm]
