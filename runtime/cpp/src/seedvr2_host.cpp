@@ -25,34 +25,25 @@ T number(const nlohmann::json& obj, const char* key, const std::string& where) {
     return v.get<T>();
 }
 
-// numpy's pairwise float32 summation (pairwise_sum in loops_utils.h) for a contiguous array.
-float numpy_pairwise_sum(const float* a, size_t n) {
-    if (n < 8) {
-        float res = 0.f;
-        for (size_t i = 0; i < n; ++i) res += a[i];
-        return res;
-    }
-    if (n <= 128) {
-        float r[8];
-        for (int j = 0; j < 8; ++j) r[j] = a[j];
-        size_t i = 8;
-        for (; i < n - (n % 8); i += 8)
-            for (int j = 0; j < 8; ++j) r[j] += a[i + static_cast<size_t>(j)];
-        float res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-        for (; i < n; ++i) res += a[i];
-        return res;
-    }
-    size_t n2 = n / 2;
-    n2 -= n2 % 8;
-    return numpy_pairwise_sum(a, n2) + numpy_pairwise_sum(a + n2, n - n2);
+// host_numpy._fma: float32 a * b + c through double (the product is exact there), as ATen's
+// FMA-contracted CPU kernels compute it; rounding through double keeps this bit-equal to numpy.
+float fma_f(float a, float b, float c) {
+    return static_cast<float>(static_cast<double>(a) * static_cast<double>(b) + static_cast<double>(c));
 }
 
-// host_numpy._cubic: Keys' cubic, a = -0.5, float32.
+// host_numpy._cubic: Keys' cubic, a = -0.5, float32, ATen's Horner form with fused steps.
 float cubic(float x) {
     x = std::fabs(x);
     const float a = -0.5f;
-    if (x < 1.f) return (((a + 2.f) * x - (a + 3.f)) * x) * x + 1.f;
-    if (x < 2.f) return (((x - 5.f) * x + 8.f) * x - 4.f) * a;
+    if (x < 1.f) {
+        const float u = fma_f(a + 2.f, x, -(a + 3.f));
+        return fma_f(u * x, x, 1.f);
+    }
+    if (x < 2.f) {
+        const float p = fma_f(a, x, -5.f * a);
+        const float q = fma_f(p, x, 8.f * a);
+        return fma_f(q, x, -4.f * a);
+    }
     return 0.f;
 }
 
@@ -62,20 +53,24 @@ struct AxisWeights {
     size_t taps = 0;                  // max taps (shorter rows are padded with weight-0 taps at 0)
 };
 
-// host_numpy.aa_weights.
+// host_numpy.aa_weights: centre in double stored as float, bounds in double, taps summed in
+// float32 one by one.
 AxisWeights aa_weights(int in_size, int out_size) {
-    const float scale = static_cast<float>(static_cast<double>(in_size) / out_size);
+    const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
     const float support = scale >= 1.f ? 2.f * scale : 2.f;
     const float invscale = scale >= 1.f ? 1.f / scale : 1.f;
     AxisWeights out;
     for (int i = 0; i < out_size; ++i) {
-        const float center = scale * static_cast<float>(i + 0.5);
-        const int xmin = std::max(static_cast<int>(center - support + 0.5f), 0);
-        const int xsize = std::min(static_cast<int>(center + support + 0.5f), in_size) - xmin;
+        const float center = static_cast<float>(static_cast<double>(scale) * (i + 0.5));
+        const int xmin = std::max(static_cast<int>(static_cast<double>(center - support) + 0.5), 0);
+        const int xsize = std::min(static_cast<int>(static_cast<double>(center + support) + 0.5), in_size) - xmin;
         std::vector<float> w(static_cast<size_t>(std::max(xsize, 0)));
-        for (int j = 0; j < xsize; ++j)
-            w[static_cast<size_t>(j)] = cubic(((static_cast<float>(j) + static_cast<float>(xmin)) - center + 0.5f) * invscale);
-        const float total = numpy_pairwise_sum(w.data(), w.size());
+        for (int j = 0; j < xsize; ++j) {
+            const float offset = static_cast<float>(j + xmin) - center;
+            w[static_cast<size_t>(j)] = cubic(static_cast<float>((static_cast<double>(offset) + 0.5) * static_cast<double>(invscale)));
+        }
+        float total = 0.f;
+        for (float v : w) total = total + v;
         if (total != 0.f)
             for (float& v : w) v = v / total;
         out.taps = std::max(out.taps, w.size());
@@ -85,16 +80,18 @@ AxisWeights aa_weights(int in_size, int out_size) {
     return out;
 }
 
-// host_numpy._resize_last_axis over rows of length in_size: tap 0 product, then + each tap.
+// host_numpy._resize_last_axis over rows of length in_size: tap 0 a product, every further tap
+// a fused multiply-add (padding taps read index 0 with weight 0, adding an exact 0).
 void resize_rows(const float* in, int rows, int in_size, float* out, int out_size, const AxisWeights& aw) {
     for (int r = 0; r < rows; ++r) {
         const float* x = in + static_cast<size_t>(r) * in_size;
         float* y = out + static_cast<size_t>(r) * out_size;
         for (int i = 0; i < out_size; ++i) {
             const auto& w = aw.w[static_cast<size_t>(i)];
-            auto tap = [&](size_t j) { return j < w.size() ? x[aw.start[static_cast<size_t>(i)] + static_cast<int64_t>(j)] * w[j] : x[0] * 0.f; };
-            float acc = tap(0);
-            for (size_t j = 1; j < aw.taps; ++j) acc = acc + tap(j);
+            const int64_t start = aw.start[static_cast<size_t>(i)];
+            float acc = w.empty() ? x[0] * 0.f : x[start] * w[0];
+            for (size_t j = 1; j < aw.taps; ++j)
+                acc = j < w.size() ? fma_f(x[start + static_cast<int64_t>(j)], w[j], acc) : fma_f(x[0], 0.f, acc);
             y[i] = acc;
         }
     }
