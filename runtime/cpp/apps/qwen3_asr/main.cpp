@@ -2,6 +2,7 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
+//                      [--mel-out FILE]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
 // cut -> per chunk: log-mel, encoder, prompt ids, greedy decode over the KV cache, official
@@ -30,6 +31,7 @@ constexpr int kMinDecodableSamples = 201;  // audio.MIN_DECODABLE_SAMPLES: more 
 
 struct Args {
     std::string package, audio, language, json_out;
+    std::string mel_out;  // the first chunk's log-mel, raw float32 [n_mels, frames] (tests compare it)
     int threads = 1;
     int max_new_tokens = -1;  // -1: model.json's generation.max_new_tokens
     double max_chunk_seconds = -1;
@@ -43,7 +45,8 @@ public:
 
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]\n"
-    "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n";
+    "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
+    "                          [--mel-out FILE]\n";
 
 int int_arg(const std::string& flag, const std::string& value, int lo) {
     try {
@@ -67,6 +70,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--audio") a.audio = value();
         else if (flag == "--language") a.language = value();
         else if (flag == "--json-out") a.json_out = value();
+        else if (flag == "--mel-out") a.mel_out = value();
         else if (flag == "--threads") a.threads = int_arg(flag, value(), 1);
         else if (flag == "--max-new-tokens") a.max_new_tokens = int_arg(flag, value(), 0);
         else if (flag == "--max-chunk-seconds") {
@@ -81,6 +85,12 @@ Args parse_args(int argc, char** argv) {
     }
     if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
     return a;
+}
+
+void write_floats(const std::string& path, const std::vector<float>& values) {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+    if (!f) throw ncnnport::IoError(path + ": could not write");
 }
 
 nlohmann::json ids_json(const std::vector<int>& ids) { return nlohmann::json(ids); }
@@ -115,6 +125,7 @@ int run(const Args& args) {
     int decode_steps = 0;
     for (const auto& chunk : qwen3_asr::split_audio(wave, info.mel.sample_rate, max_chunk)) {
         const ncnnport::LogMel mel = ncnnport::log_mel(chunk.samples, info.mel);
+        if (!args.mel_out.empty() && chunks.empty()) write_floats(args.mel_out, mel.features);
         int rows = 0;
         const std::vector<float> embeds = asr.encode(mel, rows);
         const std::vector<int> ids = asr.prompt_ids(qwen3_asr::audio_token_count(mel.valid(), info.mel.n_window), language);
