@@ -202,6 +202,17 @@ def test_bad_inputs_are_one_line_exit_2(exe, package, audio_files, tmp_path):
 
 
 @pytest.mark.slow
+def test_prompt_ids_disagreeing_with_the_tokenizer_are_refused(exe, package, audio_files, tmp_path):
+    edited = tmp_path / "pkg"
+    shutil.copytree(package, edited)
+    doc = json.loads((edited / "model.json").read_text())
+    doc["prompt"]["prefix_ids"][1] += 1
+    (edited / "model.json").write_text(json.dumps(doc))
+    res = run_cpp(exe, edited, audio_files["mono16k"][0], tmp_path / "o.json", None, "--no-check")
+    assert res.returncode == 2 and "prompt.prefix_ids" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
 def test_parity_runtime_cpp_rows(exe, package, audio_files, monkeypatch):
     from ncnnport.stages import prepare
     from ncnnport.targets import Target

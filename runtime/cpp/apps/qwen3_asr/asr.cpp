@@ -60,6 +60,8 @@ ModelInfo read_model_info(const std::filesystem::path& package) {
     m.suffix_text = f.string("prompt.suffix_text");
     m.audio_token = f.string("prompt.audio_token");
     m.language_prefill = f.string("prompt.language_prefill");
+    for (int64_t id : f.integers("prompt.prefix_ids")) m.prefix_ids.push_back(static_cast<int>(id));
+    for (int64_t id : f.integers("prompt.suffix_ids")) m.suffix_ids.push_back(static_cast<int>(id));
     m.default_max_new_tokens = positive(f, "generation.max_new_tokens");
     m.max_chunk_seconds = f.number("generation.max_chunk_seconds");
     m.tokenizer_file = f.string("files.tokenizer");
@@ -96,6 +98,11 @@ Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& opt
         names.push_back("prefill_layer" + std::to_string(i));
         names.push_back("decode_layer" + std::to_string(i));
     }
+    // The processor's own ids of the template pieces must be what this tokenizer gives them (a
+    // post-processor that adds tokens, or a tokenizer this class reads differently, fails here).
+    if (tokenizer_.encode(info_.prefix_text) != info_.prefix_ids || tokenizer_.encode(info_.suffix_text) != info_.suffix_ids)
+        throw PackageError((package / "model.json").string() + ": field 'prompt.prefix_ids'/'prompt.suffix_ids' differ from "
+                           + info_.tokenizer_file + "'s encoding of the prompt pieces");
     for (const auto& n : names) graphs_[n] = std::make_unique<ncnnport::Graph>(package, n, options);
     // rope.inv_freq: exponent = float32(2i) / d in float32, 1 / theta^exponent in float32 (powf)
     for (int i = 0; i < info_.head_dim; i += 2) {

@@ -23,6 +23,7 @@ struct ModelInfo {
     double rope_theta = 0.0, max_chunk_seconds = 0.0;
     std::vector<int> eos_ids;
     std::string prefix_text, suffix_text, audio_token, language_prefill, tokenizer_file;
+    std::vector<int> prefix_ids, suffix_ids;  // the processor's ids of the two pieces, for a check
     ncnnport::LogMelConfig mel;
 };
 
