@@ -167,6 +167,24 @@ def test_cpp_tokens_equal_the_python_package_loop(exe, package, audio_files, tmp
 
 
 @pytest.mark.slow
+def test_forced_language_matches_the_python_package_loop(exe, package, audio_files, tmp_path):
+    from ncnnport.fsutil import read_json
+    from ncnnport.models.qwen3_asr import packaged
+    from ncnnport.models.qwen3_asr.audio import read_audio
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    audio = audio_files["mono16k"][0]
+    assert run_cpp(exe, package, audio, tmp_path / "o.json", None, "--language", "eNGLISH").returncode == 0
+    got = json.loads((tmp_path / "o.json").read_text())
+    asr = packaged.open_packaged(package, read_json(package / "model.json"), LazyModules(package))
+    want = packaged.transcribe(asr, read_audio(audio), language="eNGLISH", max_new_tokens=NEW_TOKENS)
+    assert [c["token_ids"] for c in got["chunks"]] == want.token_ids
+    assert (got["language"], got["text"]) == ("English", want.text)
+    refused = run_cpp(exe, package, audio, tmp_path / "o.json", None, "--language", "en")
+    assert refused.returncode == 2 and "unsupported language 'En'" in refused.stderr
+
+
+@pytest.mark.slow
 def test_cpp_log_mel_matches_features_py(exe, package, audio_files, tmp_path):
     from ncnnport.models.qwen3_asr.audio import read_audio
     from ncnnport.models.qwen3_asr.features import extract_features

@@ -84,6 +84,9 @@ Args parse_args(int argc, char** argv) {
         else throw UsageError("unknown option " + flag);
     }
     if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
+#if !NCNN_VULKAN
+    if (a.vulkan) throw UsageError("--vulkan: this build's ncnn has no Vulkan backend (build with make cpp VULKAN=1)");
+#endif
     return a;
 }
 
