@@ -103,13 +103,23 @@ def cmd_parity(args: argparse.Namespace) -> int:
     targets = _targets(args)
     if args.stream and args.precision != "fp32":
         raise ValueError(f"--stream runs fp32 only (one module of each side resident); got --precision {args.precision}")
+    if args.runtime == "cpp":
+        clash = [f for f, on in (("--stream", args.stream), ("--sweep", args.sweep), ("--official-ref", args.official_ref),
+                                 (f"--precision {args.precision}", args.precision != "fp32")) if on]
+        if clash:
+            raise ValueError(f"--runtime cpp runs the fp32 C++ executables only; drop {', '.join(clash)}")
     for t in targets:  # user files are checked before any model is built
         get_port(t.model).validate_inputs(args.input or [])
+        if args.runtime == "cpp" and not get_port(t.model).cpp_executable:
+            raise ValueError(f"--runtime cpp: model {t.model} has no C++ runtime (its port names no cpp_executable)")
     for t in targets:
         with _locked(t, args):
             prep = prepare(t)
             pkg = convert_stage(prep, force=args.force)
-            if args.stream:
+            if args.runtime == "cpp":
+                from ncnnport.drivers.cpp_parity import run_cpp_parity
+                summary = run_cpp_parity(prep, pkg, user_inputs=args.input or [])
+            elif args.stream:
                 from ncnnport.drivers.parity import run_streamed_parity
                 summary = run_streamed_parity(prep, pkg, user_inputs=args.input or [])
             else:
@@ -121,9 +131,10 @@ def cmd_parity(args: argparse.Namespace) -> int:
         if summary.get("official_reference"):
             print(f"\n## {t.model}: distance to the official package (reported, not gated)\n"
                   + official_table(summary["official_reference"]))
-        report_dir = t.report_dir.with_name(t.report_dir.name + "-streamed") if args.stream else t.report_dir
-        path = write_report(summary, report_dir)
-        _print_gates(f"{t.model} ({t.source}{', streamed' if args.stream else ''})", summary, path)
+        suffix = "-cpp" if args.runtime == "cpp" else "-streamed" if args.stream else ""
+        path = write_report(summary, t.report_dir.with_name(t.report_dir.name + suffix))
+        _print_gates(f"{t.model} ({t.source}{', streamed' if args.stream else ''}"
+                     f"{', cpp runtime' if args.runtime == 'cpp' else ''})", summary, path)
         ok = ok and summary["gates_passed"]
     return 0 if ok else 1
 
@@ -459,6 +470,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="also report the distance to the model's official package on the same fixtures "
                         "(qwen3-asr: the qwen-asr venv named by NCNNPORT_QWEN_ASR_OFFICIAL_PYTHON); "
                         "reported, never gated")
+    p.add_argument("--runtime", choices=("python", "cpp"), default="python",
+                   help="cpp: run the fixtures and --input files through the model's C++ executable "
+                        "(build/cpp/, built by `make cpp` when missing) and judge its token ids against the "
+                        "Python package loop and the torch reference; report in build/reports/<model>-cpp/")
     _precision_option(p)
     p = sub.add_parser("bench", help="repeated-call stability: latency, drift, RSS, identical outputs")
     _common(p)

@@ -53,6 +53,21 @@ class E2EContext:
     precision: str = "fp32"
 
 
+@dataclass
+class CppCase:
+    """One input for ``parity --runtime cpp``: the model's C++ executable's arguments for it and
+    the token ids (per chunk / per generated sequence) the same input gives on the torch-free
+    Python package loop and on the torch reference. The executable writes ``--json-out FILE``
+    with ``{"chunks": [{"token_ids": [...]}, ...]}``; the driver adds that option."""
+
+    fixture: str
+    argv: list[str]
+    python_tokens: list[list[int]]
+    reference_tokens: list[list[int]]
+    reference_logits: list[list[Any]] | None = None  # per chunk, the reference's logits per step
+    python_text: str | None = None
+
+
 class ModelPort(ABC):
     """Hooks a model folder implements. Each returns data; stages write files and run tools."""
 
@@ -99,6 +114,15 @@ class ModelPort(ABC):
     def run(self, loaded: LoadedModel, modules: Mapping[str, Any], args: Any) -> int:
         """The ``run`` verb; models without a CLI runtime say so."""
         raise NotImplementedError(f"model {self.name} has no run command")
+
+    # --- the C++ runtime (``parity --runtime cpp``) ---------------------------------------------
+    # The executable's name in the C++ build folder (build/cpp/); None: the model has no C++ loop.
+    cpp_executable: str | None = None
+
+    def cpp_cases(self, ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[CppCase]:
+        """The e2e fixtures and ``ctx.user_inputs`` as :class:`CppCase` rows (input files written
+        under ``workdir``), each already run on the Python package loop and the torch reference."""
+        raise NotImplementedError(f"model {self.name} has no C++ runtime")
 
     # --- the package alone (torch-free; ``ncnnport verify`` and ``run --package``) -------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any] | None:

@@ -279,6 +279,13 @@ class Qwen3ASRPort(KitPort):
             out[name] = ([list(c.token_ids) for c in t.chunks], t.text, t.language)
         return out
 
+    # --- the C++ runtime ------------------------------------------------------------------------
+    cpp_executable = "ncnnport-qwen3-asr"
+
+    def cpp_cases(self, ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[Any]:
+        from ncnnport.models.qwen3_asr import cpp_cases
+        return cpp_cases.cases(ctx, workdir, max_new_tokens)
+
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         """``model.json``: dims, ids, RoPE, prompt pieces (checked against the processor's own

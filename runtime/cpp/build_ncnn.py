@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 LAYERS_FILE = HERE / "ncnn_layers.txt"
 STAMP = "ncnnport-build.json"
 APT_PACKAGES = ("cmake", "g++", "make", "pkg-config", "nlohmann-json3-dev", "libssl-dev", "libpcre2-dev",
-                "libicu-dev", "libpng-dev", "libjpeg-dev")
+                "libicu-dev", "libpng-dev", "libjpeg-dev", "libsndfile1-dev", "libsoxr-dev", "libfftw3-dev")
 # x86 ISA copies ncnn compiles for runtime dispatch. "avx2" keeps what every x86-64 server since
 # Haswell dispatches to for fp32/fp16 (the FMA copy, built with -mfma -mf16c) and drops the rest.
 ISA_OFF = {

@@ -1,0 +1,48 @@
+// The decoder's K/V cache, allocated once per generation and handed to ncnn without a copy.
+//
+// Why: the C++ twin of runtime/preallocated_cache.PreallocatedKVCache + runtime/zero_copy. Each
+// layer's K and V are ncnn Mats [heads, capacity, head_dim] (w = head_dim, h = capacity,
+// c = heads, so heads are cstep apart). A decode step's past is a header of the same Mat with
+// h = the committed length: it shares memory and reference count, so ncnn reads the cache in
+// place and clones before any in-place write. Prefill writes every prompt row, a decode step
+// one row per layer at the committed length; commit() makes them visible to the next step.
+#pragma once
+
+#include <net.h>  // ncnn::Mat
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ncnnport/ncnn_graph.h"
+
+namespace ncnnport {
+
+class KvCache {
+public:
+    // Throws GraphError when ncnn cannot allocate the buffers.
+    KvCache(int layers, int heads, int head_dim, int capacity);
+
+    // Past of `layer` as [heads, length, head_dim] Mat headers over the cache (no copy).
+    ncnn::Mat past_k(int layer) const { return view(k_.at(layer)); }
+    ncnn::Mat past_v(int layer) const { return view(v_.at(layer)); }
+    // Writes k/v [1, heads, rows, head_dim] at positions length .. length + rows - 1 of `layer`
+    // (not yet visible to past_*); GraphError on a shape mismatch, overflow or non-finite value.
+    void write(int layer, const Tensor& k, const Tensor& v);
+    // Makes `added` written rows visible; every layer must have written exactly them.
+    void commit(int added);
+
+    int length() const { return length_; }
+    int capacity() const { return capacity_; }
+
+private:
+    ncnn::Mat view(const ncnn::Mat& full) const;
+    void write_one(ncnn::Mat& dst, const Tensor& t, const char* what, int layer) const;
+
+    int heads_, head_dim_, capacity_;
+    int length_ = 0;
+    std::vector<ncnn::Mat> k_, v_;
+    std::vector<int> pending_;  // rows written per layer since the last commit
+};
+
+}  // namespace ncnnport

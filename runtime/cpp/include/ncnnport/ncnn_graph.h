@@ -1,0 +1,93 @@
+// One converted graph of a package, run through ncnn with the checks the Python NcnnModule does.
+//
+// Why: blob names, ranks and symbolic sizes come from the graph's spec (specs/<name>.spec.json),
+// never from the executable, so a package whose graph was re-exported with other names or
+// shapes fails in one line naming the graph and blob instead of feeding ncnn a wrong Mat
+// (ncnn itself does not check shapes and may read out of bounds). Every ncnn return code is
+// checked. Inputs are ncnn Mats without the batch axis (as ncnn's Python binding with
+// batch_index=0 makes them); outputs come back as dense float32 tensors in the spec's rank.
+#pragma once
+
+#include <net.h>  // ncnn
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ncnnport/model_json.h"
+
+namespace ncnnport {
+
+// An ncnn call failed or a tensor does not fit its spec; the message names graph and blob.
+class GraphError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct GraphOptions {
+    int threads = 1;
+    bool vulkan = false;  // needs ncnn built with NCNN_VULKAN (make cpp VULKAN=1)
+};
+
+// One input or output of a spec: each axis a fixed size or a symbol ("seq") bound per call.
+struct TensorSpec {
+    std::string name;
+    std::vector<int64_t> sizes;     // -1 where the axis is symbolic
+    std::vector<std::string> axes;  // the symbol, or "" for a fixed axis
+    bool int32 = false;
+    size_t rank() const { return sizes.size(); }
+};
+
+// Dense row-major float32 tensor WITH the leading batch axis of 1, as the spec writes shapes.
+struct Tensor {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+    int64_t dim(int i) const { return shape.at(i < 0 ? shape.size() + i : i); }
+};
+
+// Copy of a [1, ...] float32 tensor (rank 2..5) as an ncnn Mat without its batch axis.
+ncnn::Mat to_mat(const Tensor& t);
+// A [1, n] int32 id row as a 1-D ncnn Mat of int bits (ncnn reads int32 ids as raw 4-byte words).
+ncnn::Mat ids_mat(const std::vector<int32_t>& ids);
+// Shape of a Mat as numpy sees it (c, d, h, w by dims), without batch axis.
+std::vector<int64_t> mat_shape(const ncnn::Mat& m);
+
+class Graph {
+public:
+    // Reads PACKAGE/specs/NAME.spec.json and loads PACKAGE/ncnn/NAME.ncnn.{param,bin}; throws
+    // PackageError naming the file when one is missing, malformed or rejected by ncnn.
+    Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options);
+    ~Graph();
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+
+    // Inputs in spec order. Checks each Mat against its spec (rank, fixed sizes, one value per
+    // symbol), feeds and extracts every output, checking return codes, and returns outputs in
+    // spec order, shapes fitted to the spec rank (unit axes only) and checked.
+    std::vector<Tensor> run(const std::vector<ncnn::Mat>& inputs);
+
+    const std::string& name() const { return name_; }
+    const std::vector<TensorSpec>& inputs() const { return inputs_; }
+    const std::vector<TensorSpec>& outputs() const { return outputs_; }
+    // Seconds spent inside ncnn (input + extract) over every run: the graphs' own time.
+    double seconds() const { return seconds_; }
+
+private:
+    void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
+    Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
+
+    std::string name_;
+    std::vector<TensorSpec> inputs_;
+    std::vector<TensorSpec> outputs_;
+    std::unique_ptr<ncnn::Net> net_;
+    double seconds_ = 0.0;
+};
+
+// A spec file's input/output list ("inputs" or "outputs") as TensorSpecs.
+std::vector<TensorSpec> read_tensor_specs(const JsonFile& spec, const std::string& field);
+
+}  // namespace ncnnport

@@ -1,0 +1,60 @@
+#include "ncnnport/kv_cache.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace ncnnport {
+
+KvCache::KvCache(int layers, int heads, int head_dim, int capacity)
+    : heads_(heads), head_dim_(head_dim), capacity_(capacity), pending_(layers, 0) {
+    if (layers <= 0 || heads <= 0 || head_dim <= 0 || capacity <= 0)
+        throw GraphError("kv cache: layers, heads, head_dim and capacity must be positive");
+    for (int i = 0; i < layers; ++i) {
+        k_.emplace_back(head_dim, capacity, heads);
+        v_.emplace_back(head_dim, capacity, heads);
+        if (k_.back().empty() || v_.back().empty())
+            throw GraphError("kv cache: ncnn could not allocate [" + std::to_string(heads) + ", "
+                             + std::to_string(capacity) + ", " + std::to_string(head_dim) + "] float32");
+    }
+}
+
+ncnn::Mat KvCache::view(const ncnn::Mat& full) const {
+    if (length_ == 0) throw GraphError("kv cache: past read before anything was committed");
+    ncnn::Mat header = full;  // shares data and reference count
+    header.h = length_;
+    return header;
+}
+
+void KvCache::write_one(ncnn::Mat& dst, const Tensor& t, const char* what, int layer) const {
+    const std::string where = "kv cache layer " + std::to_string(layer) + " " + what;
+    if (t.shape.size() != 4 || t.shape[0] != 1 || t.shape[1] != heads_ || t.shape[3] != head_dim_)
+        throw GraphError(where + ": got a tensor that is not [1, " + std::to_string(heads_) + ", rows, "
+                         + std::to_string(head_dim_) + "]");
+    const int rows = static_cast<int>(t.shape[2]);
+    if (length_ + rows > capacity_)
+        throw GraphError(where + ": " + std::to_string(length_ + rows) + " positions exceed the capacity "
+                         + std::to_string(capacity_));
+    for (float x : t.data)
+        if (!std::isfinite(x)) throw GraphError(where + ": non-finite value from the graph");
+    for (int h = 0; h < heads_; ++h)
+        std::memcpy(dst.channel(h).row(length_), t.data.data() + static_cast<size_t>(h) * rows * head_dim_,
+                    static_cast<size_t>(rows) * head_dim_ * sizeof(float));
+}
+
+void KvCache::write(int layer, const Tensor& k, const Tensor& v) {
+    write_one(k_.at(layer), k, "k", layer);
+    write_one(v_.at(layer), v, "v", layer);
+    pending_.at(layer) = static_cast<int>(k.shape[2]);
+    if (v.shape[2] != k.shape[2]) throw GraphError("kv cache layer " + std::to_string(layer) + ": k and v rows differ");
+}
+
+void KvCache::commit(int added) {
+    for (size_t i = 0; i < pending_.size(); ++i)
+        if (pending_[i] != added)
+            throw GraphError("kv cache: layer " + std::to_string(i) + " wrote " + std::to_string(pending_[i])
+                             + " rows, commit of " + std::to_string(added));
+    length_ += added;
+    for (auto& p : pending_) p = 0;
+}
+
+}  // namespace ncnnport

@@ -1,0 +1,213 @@
+#include "ncnnport/ncnn_graph.h"
+
+#include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+namespace ncnnport {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+    std::ostringstream s;
+    s << "(";
+    for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+    s << (shape.size() == 1 ? ",)" : ")");
+    return s.str();
+}
+
+std::string spec_text(const TensorSpec& t) {
+    std::ostringstream s;
+    s << "[";
+    for (size_t i = 0; i < t.rank(); ++i) {
+        s << (i ? ", " : "");
+        if (t.sizes[i] < 0) s << t.axes[i]; else s << t.sizes[i];
+    }
+    s << "]";
+    return s.str();
+}
+
+// Binds `got` to the spec's axes; false when a fixed size or an already bound symbol differs.
+bool bind_sizes(const TensorSpec& t, const std::vector<int64_t>& got, std::map<std::string, int64_t>& sizes) {
+    if (got.size() != t.rank()) return false;
+    for (size_t i = 0; i < t.rank(); ++i) {
+        if (t.sizes[i] >= 0) {
+            if (got[i] != t.sizes[i]) return false;
+            continue;
+        }
+        const auto it = sizes.find(t.axes[i]);
+        if (it == sizes.end()) sizes[t.axes[i]] = got[i];
+        else if (it->second != got[i]) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> read_tensor_specs(const JsonFile& spec, const std::string& field) {
+    const auto& list = spec.at(field);
+    if (!list.is_array() || list.empty()) spec.fail(field, "is not a non-empty list");
+    std::vector<TensorSpec> out;
+    for (size_t i = 0; i < list.size(); ++i) {
+        const std::string where = field + "[" + std::to_string(i) + "]";
+        const auto& item = list[i];
+        if (!item.is_object() || !item.contains("name") || !item["name"].is_string() || !item.contains("shape")
+            || !item["shape"].is_array() || item["shape"].size() < 2 || item["shape"].size() > 5)
+            spec.fail(where, "needs a string 'name' and a 'shape' of rank 2..5");
+        TensorSpec t;
+        t.name = item["name"].get<std::string>();
+        for (const auto& d : item["shape"]) {
+            if (d.is_number_integer() && d.get<int64_t>() > 0) {
+                t.sizes.push_back(d.get<int64_t>());
+                t.axes.emplace_back();
+            } else if (d.is_string() && !d.get<std::string>().empty()) {
+                t.sizes.push_back(-1);
+                t.axes.push_back(d.get<std::string>());
+            } else {
+                spec.fail(where + ".shape", "holds an axis that is neither a positive size nor a name");
+            }
+        }
+        if (t.sizes[0] != 1) spec.fail(where + ".shape", "must start with a batch axis of 1");
+        const std::string dtype = item.value("dtype", std::string("float32"));
+        if (dtype != "float32" && dtype != "int32") spec.fail(where + ".dtype", "is '" + dtype + "', not float32 or int32");
+        t.int32 = dtype == "int32";
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+std::vector<int64_t> mat_shape(const ncnn::Mat& m) {
+    switch (m.dims) {
+        case 1: return {m.w};
+        case 2: return {m.h, m.w};
+        case 3: return {m.c, m.h, m.w};
+        case 4: return {m.c, m.d, m.h, m.w};
+        default: return {};
+    }
+}
+
+ncnn::Mat to_mat(const Tensor& t) {
+    const auto& s = t.shape;
+    if (s.size() < 2 || s.size() > 5 || s[0] != 1)
+        throw GraphError("to_mat: shape " + shape_text(s) + " needs a batch axis of 1 and rank 2..5");
+    ncnn::Mat m;
+    if (s.size() == 2) m.create(static_cast<int>(s[1]));
+    else if (s.size() == 3) m.create(static_cast<int>(s[2]), static_cast<int>(s[1]));
+    else if (s.size() == 4) m.create(static_cast<int>(s[3]), static_cast<int>(s[2]), static_cast<int>(s[1]));
+    else m.create(static_cast<int>(s[4]), static_cast<int>(s[3]), static_cast<int>(s[2]), static_cast<int>(s[1]));
+    if (m.empty()) throw GraphError("to_mat: ncnn could not allocate " + shape_text(s));
+    const size_t per_channel = static_cast<size_t>(m.w) * m.h * m.d;
+    if (per_channel * m.c != t.data.size())
+        throw GraphError("to_mat: " + std::to_string(t.data.size()) + " values for shape " + shape_text(s));
+    for (int c = 0; c < m.c; ++c)
+        std::memcpy(m.channel(c).data, t.data.data() + c * per_channel, per_channel * sizeof(float));
+    return m;
+}
+
+ncnn::Mat ids_mat(const std::vector<int32_t>& ids) {
+    ncnn::Mat m(static_cast<int>(ids.size()), static_cast<size_t>(4u));
+    if (m.empty()) throw GraphError("ids_mat: ncnn could not allocate " + std::to_string(ids.size()) + " ids");
+    std::memcpy(m.data, ids.data(), ids.size() * sizeof(int32_t));
+    return m;
+}
+
+Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options)
+    : name_(name), net_(std::make_unique<ncnn::Net>()) {
+    const JsonFile spec = JsonFile::load(package / "specs" / (name + ".spec.json"));
+    inputs_ = read_tensor_specs(spec, "inputs");
+    outputs_ = read_tensor_specs(spec, "outputs");
+    const auto param = package / "ncnn" / (name + ".ncnn.param");
+    const auto weights = package / "ncnn" / (name + ".ncnn.bin");
+    for (const auto& p : {param, weights})
+        if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name + ")");
+    // The Python loop's fp32 options (runtime/options.py FP32); ncnn's own defaults differ
+    // (fp16 storage on), which would change every number.
+    net_->opt.num_threads = options.threads;
+    net_->opt.use_fp16_storage = false;
+    net_->opt.use_fp16_packed = false;
+    net_->opt.use_fp16_arithmetic = false;
+    net_->opt.use_bf16_storage = false;
+    net_->opt.use_packing_layout = true;
+    net_->opt.use_vulkan_compute = options.vulkan;
+#if NCNN_VULKAN
+    if (options.vulkan) {
+        if (ncnn::get_gpu_count() == 0) throw GraphError("graph " + name + ": --vulkan but ncnn sees no GPU");
+        net_->set_vulkan_device(0);
+    }
+#else
+    if (options.vulkan) throw GraphError("--vulkan: this executable's ncnn has no Vulkan (build with make cpp VULKAN=1)");
+#endif
+    if (net_->load_param(param.string().c_str()) != 0) throw PackageError(param.string() + ": ncnn could not load it");
+    if (net_->load_model(weights.string().c_str()) != 0) throw PackageError(weights.string() + ": ncnn could not load it");
+    // Outputs are checked by extract's return code at run time (an output blob may also feed
+    // a layer, so it need not be among ncnn's output_names).
+    for (const auto& t : inputs_) {
+        bool listed = false;
+        for (const char* b : net_->input_names()) listed = listed || t.name == b;
+        if (!listed) throw PackageError(param.string() + ": no input blob '" + t.name + "' (named by the spec)");
+    }
+}
+
+Graph::~Graph() = default;
+
+void Graph::bind_input(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
+    if (m.empty()) throw GraphError("graph " + name_ + ", input " + t.name + ": empty Mat");
+    if (m.elemsize != 4 || m.elempack != 1)
+        throw GraphError("graph " + name_ + ", input " + t.name + ": Mat of " + std::to_string(m.elemsize)
+                         + "-byte elements, pack " + std::to_string(m.elempack) + " (want 4-byte, pack 1)");
+    std::vector<int64_t> got = mat_shape(m);
+    got.insert(got.begin(), 1);
+    if (!bind_sizes(t, got, sizes))
+        throw GraphError("graph " + name_ + ", input " + t.name + ": shape " + shape_text(got) + " does not fit spec "
+                         + spec_text(t));
+}
+
+Tensor Graph::fetch_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
+    const std::string what = "graph " + name_ + ", output " + t.name;
+    if (m.empty()) throw GraphError(what + ": ncnn returned an empty Mat");
+    if (m.elemsize != 4 || m.elempack != 1)
+        throw GraphError(what + ": Mat of " + std::to_string(m.elemsize) + "-byte elements, pack "
+                         + std::to_string(m.elempack));
+    // ncnn may add or drop unit axes (e.g. (1,1,S,V) after a Linear): only those are adjusted,
+    // as runtime/mats.from_mat does.
+    std::vector<int64_t> shape = mat_shape(m);
+    shape.insert(shape.begin(), 1);
+    while (shape.size() > t.rank() && shape[1] == 1) shape.erase(shape.begin() + 1);
+    while (shape.size() < t.rank()) shape.insert(shape.begin() + 1, 1);
+    if (!bind_sizes(t, shape, sizes))
+        throw GraphError(what + ": shape " + shape_text(mat_shape(m)) + " does not fit spec " + spec_text(t));
+    Tensor out;
+    out.shape = shape;
+    const size_t per_channel = static_cast<size_t>(m.w) * m.h * m.d;
+    out.data.resize(per_channel * m.c);
+    for (int c = 0; c < m.c; ++c)
+        std::memcpy(out.data.data() + c * per_channel, m.channel(c).data, per_channel * sizeof(float));
+    return out;
+}
+
+std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
+    if (inputs.size() != inputs_.size())
+        throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
+                         + std::to_string(inputs_.size()));
+    std::map<std::string, int64_t> sizes;
+    for (size_t i = 0; i < inputs.size(); ++i) bind_input(inputs_[i], inputs[i], sizes);
+    const auto t0 = std::chrono::steady_clock::now();
+    ncnn::Extractor ex = net_->create_extractor();
+    for (size_t i = 0; i < inputs.size(); ++i)
+        if (ex.input(inputs_[i].name.c_str(), inputs[i]) != 0)
+            throw GraphError("graph " + name_ + ": input blob '" + inputs_[i].name + "' rejected");
+    std::vector<ncnn::Mat> mats(outputs_.size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+        const int rc = ex.extract(outputs_[i].name.c_str(), mats[i]);
+        if (rc != 0)
+            throw GraphError("graph " + name_ + ": extract('" + outputs_[i].name + "') returned " + std::to_string(rc));
+    }
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < outputs_.size(); ++i) outs.push_back(fetch_output(outputs_[i], mats[i], sizes));
+    return outs;
+}
+
+}  // namespace ncnnport
