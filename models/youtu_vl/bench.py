@@ -244,3 +244,14 @@ def _linear_weight_bytes(vl: Any, i: int) -> int:
     root = getattr(vl, "skeleton", vl).get_submodule(f"model.layers.{i}")
     return sum(4 * m.weight.numel() for name, m in root.named_modules()
                if isinstance(m, nn.Linear) and not name.endswith("kv_b_proj"))
+
+
+def peer_graphs(vl: Any, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
+    """The graphs of ``layers`` for the ONNX Runtime column: every ``llm_layer{i}`` on one token
+    over the dummy row + P cached positions (the shapes ``ncnn_call`` feeds). The whole token's
+    tied head is not declared: its cell says so."""
+    if stage != "layers":
+        return None
+    past = cache_length(size) + 1
+    return [(layer_name(i), {"seq": 1, "past": past, "total": past + 1})
+            for i in range(vl.cfg.text.num_hidden_layers)]

@@ -12,9 +12,13 @@ in the table's cell, never an abort of the table.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +39,28 @@ def session_options(threads: int) -> Any:
     return opts
 
 
+@contextlib.contextmanager
+def _quiet_fds() -> Iterator[None]:
+    """stdout and stderr (the file descriptors: the exporter prints from C++) sent to a scratch
+    file for the body: on a refusal the exporter prints the whole graph, which would bury the
+    speed table; the reason still reaches the cell through the exception."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def export_onnx(spec: Any, inputs: Sequence[np.ndarray], path: Path) -> Path:
     """The spec's torch wrapper exported to ``path`` at the shapes of ``inputs`` (static shapes:
     one file per benched size). Reused when already there."""
@@ -46,7 +72,7 @@ def export_onnx(spec: Any, inputs: Sequence[np.ndarray], path: Path) -> Path:
     module = spec.build()
     args = tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs)
     tmp = path.with_suffix(".partial")
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _quiet_fds():
         # the TorchScript exporter (no onnxscript needed) warns that it is the legacy one
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(module, args, str(tmp), input_names=[t.name for t in spec.inputs],
