@@ -140,3 +140,15 @@ def test_the_peer_column_says_why_it_is_empty(clock, capsys) -> None:
     (row,) = report["rows"]
     assert row["ort_note"].startswith("no ONNX peer graphs") or "onnxruntime not installed" in row["ort_note"]
     assert row["ort_note"] in capsys.readouterr().out
+
+
+def test_threads_list_option_parses_or_says_one_line() -> None:
+    from argparse import Namespace
+
+    from ncnnport.cli import _threads_list
+
+    assert _threads_list(Namespace(threads=3, threads_list=None)) == [3]
+    assert _threads_list(Namespace(threads=1, threads_list="1,4,16")) == [1, 4, 16]
+    for bad in ("1,x", "0,2", ","):
+        with pytest.raises(SystemExit, match="--threads-list .*positive integers"):
+            _threads_list(Namespace(threads=1, threads_list=bad))
