@@ -152,3 +152,18 @@ def test_threads_list_option_parses_or_says_one_line() -> None:
     for bad in ("1,x", "0,2", ","):
         with pytest.raises(SystemExit, match="--threads-list .*positive integers"):
             _threads_list(Namespace(threads=1, threads_list=bad))
+
+
+class HalfWeightsPort(Port):
+    """ncnn under fp16 storage reads 4 MB a call; the fp32 runtimes read the fp32 8 MB."""
+
+    def bench_bytes(self, loaded, stage, size, precision="fp32"):
+        return {"weights": (8 if precision == "fp32" else 4) * 1_000_000, "kv_cache": 0}
+
+
+def test_fp32_runtimes_are_judged_against_the_fp32_bound_in_a_reduced_precision_run(clock, monkeypatch) -> None:
+    monkeypatch.setattr("ncnnport.drivers.bench.check_fidelity", lambda *a, **k: True)
+    (row,) = torch_ratio.torch_ratio_table(_prep(HalfWeightsPort(clock)), Path("p"), ["decode"], ["100"], 1, 5,
+                                           precision="fp16-storage")
+    assert row["ncnn_pct_of_bound"] == pytest.approx(50.0)     # 0.5 ms bound at 2-byte weights, ncnn 1 ms
+    assert row["torch_pct_of_bound"] == pytest.approx(50.0)    # 1 ms fp32 bound, torch 2 ms (not 25 %)
