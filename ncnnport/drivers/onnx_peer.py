@@ -28,7 +28,9 @@ NO_GRAPHS = "no ONNX peer graphs declared for this stage"
 
 def session_options(threads: int) -> Any:
     """ORT options matching the bench: ``threads`` intra-op threads, one inter-op thread,
-    sequential execution, full graph optimisation (ORT's default for a user)."""
+    sequential execution, full graph optimisation (ORT's default for a user), and pool threads
+    that sleep instead of spinning after a call: the table interleaves runtimes call by call, and
+    a spinning pool would hold the cores the next runtime's call needs."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -36,6 +38,7 @@ def session_options(threads: int) -> Any:
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 

@@ -198,7 +198,8 @@ def _heading(threads: int, precision: str) -> None:
     bw = read_bandwidth()
     kernels = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in bw.items() if k.endswith("_gbps") and k != "read_gbps")
     extra = (f"fastest of {kernels} GB/s over {bw['array_mb']:.0f} MB, re-measured before every stage; "
-             f"malloc huge pages {'on' if huge_pages_malloc() else 'off'}; ncnn --precision {precision}")
+             f"malloc huge pages {'on' if huge_pages_malloc() else 'off'}; "
+             f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}; ncnn --precision {precision}")
     print("\n" + table_heading(cpu_record(), threads, bw["read_gbps"], extra))
 
 

@@ -62,3 +62,11 @@ def test_no_graphs_or_no_onnxruntime_is_said(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)   # import fails as when not installed
     call, note = peer_call({}, [("affine", {"n": 2})], 1, tmp_path)
     assert call is None and "onnxruntime not installed" in note
+
+
+def test_peer_pool_threads_sleep_between_interleaved_calls() -> None:
+    pytest.importorskip("onnxruntime")
+    from ncnnport.drivers.onnx_peer import session_options
+
+    opts = session_options(2)
+    assert opts.intra_op_num_threads == 2 and opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -108,7 +108,7 @@ def test_threads_list_reports_scaling_efficiency_and_targets_with_measured_value
     assert verdicts[("decode flat: P=1000 / P=100", 1)]["value"] == pytest.approx(1.0)
     assert verdicts[("rss", 1)]["met"] is None
     out = capsys.readouterr().out
-    assert "machine: " in out and "threads 2" in out and "read bandwidth 8.0 GB/s" in out
+    assert "machine: " in out and "threads 2" in out and "read bandwidth 8.0 GB/s" in out and "OMP_WAIT_POLICY" in out
     assert "| decode >= 85 % of bound, P=100 | 1 | 100 | >= 85 | met |" in out
     assert "not measured: needs its own process" in out
     assert "thread scaling" in out and "t2 0.71" in out
