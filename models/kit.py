@@ -166,6 +166,15 @@ class KitPort(ModelPort):
             raise ValueError(f"{self.name}: its torch bench runs on the CPU only (no --torch-device {device})")
         return call(loaded.reference, stage, size, device=device)
 
+    def bench_peer_graphs(self, loaded: LoadedModel, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
+        """The bench module's ``peer_graphs(reference, stage, size)`` (None when it has none)."""
+        fn = getattr(self._own(self.bench_module), "peer_graphs", None)
+        return None if fn is None else fn(loaded.reference, stage, size)
+
+    def bench_perf_targets(self) -> list[Any]:
+        """The bench module's ``PERF_TARGETS``."""
+        return list(getattr(self._own(self.bench_module), "PERF_TARGETS", ()))
+
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str,
                     precision: str = "fp32") -> dict[str, int] | None:
         """The bench module's ``stage_bytes(reference, stage, size, precision)`` (a Precision)."""

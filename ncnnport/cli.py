@@ -245,7 +245,7 @@ def _stage_list(text: str | None) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from ncnnport.drivers.bench import run_bench, run_interleave, write_json
     from ncnnport.stages import convert_stage, prepare
-    from ncnnport.drivers.torch_ratio import torch_ratio_table
+    from ncnnport.drivers.torch_ratio import perf_report, torch_ratio_table
 
     from ncnnport.runtime import precision
 
@@ -268,10 +268,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.perf:  # the speed table only: ncnn vs torch vs the bandwidth bound
             perf = prep.port.bench_perf_stages()
             stages = _stage_list(args.stage) or list(perf)
-            print(f"\n## bench --perf {t.model} ({t.source}), threads={args.threads}, runs={args.runs}, "
+            print(f"\n## bench --perf {t.model} ({t.source}), threads={','.join(map(str, _threads_list(args)))}, "
+                  f"rounds={args.runs} (torch, ncnn, ONNX Runtime interleaved), "
                   f"precision={setting.name}")
-            res = {"torch_ratio": torch_ratio_table(prep, pkg, stages, sizes, args.threads, args.runs,
-                                                    stage_sizes={**prep.port.bench_stages(), **perf}, **prec)}
+            res = perf_report(prep, pkg, stages, sizes, _threads_list(args), args.runs,
+                              stage_sizes={**prep.port.bench_stages(), **perf}, **prec)
             path = args.build_dir / "reports" / "bench" / f"{t.model}-{t.tag}-perf{_bench_suffix(setting.name)}.json"
             write_json(path, res)
             print(f"json: {path}")
@@ -294,6 +295,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"json: {path}")
         out[t.model] = res
     return 0
+
+
+def _threads_list(args: argparse.Namespace) -> list[int]:
+    """``--threads-list 1,2`` (each stage at each count), else ``--threads``; one error line for
+    a count that is not a positive integer."""
+    if not args.threads_list:
+        return [args.threads]
+    try:
+        counts = [int(x) for x in args.threads_list.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--threads-list {args.threads_list!r}: use positive integers, e.g. 1,2") from None
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--threads-list {args.threads_list!r}: use positive integers, e.g. 1,2")
+    return counts
 
 
 def _bench_suffix(precision_name: str, tuned: bool = True) -> str:
@@ -489,6 +504,8 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--perf", action="store_true",
                    help="speed table only: ncnn vs PyTorch eager vs the memory-bandwidth bound (make bench-perf); "
                         "with --torch-device or a non-cpu backend: one row per runtime with parity vs torch cpu")
+    p.add_argument("--threads-list", default=None, metavar="N[,N]",
+                   help="with --perf: run every stage at each thread count and report the scaling efficiency")
     p.add_argument("--torch-device", default=None, metavar="DEV[,DEV]",
                    help="with --perf: also time PyTorch eager on these torch devices (e.g. cuda)")
     _precision_option(p)

@@ -191,6 +191,15 @@ class ModelPort(ABC):
         "kv_cache": ..}``), for the memory-bandwidth bound; None when unknown."""
         return None
 
+    def bench_peer_graphs(self, loaded: LoadedModel, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
+        """The graphs (module name, axis sizes) one call of a bench stage runs, for the ONNX
+        Runtime peer column of ``bench --perf``; None when the stage declares none."""
+        return None
+
+    def bench_perf_targets(self) -> list[Any]:
+        """The speed targets ``bench --perf`` judges (``runtime/perf_targets.PerfTarget``)."""
+        return []
+
 
 def model_names() -> list[str]:
     return list(KNOWN_MODELS)

@@ -60,15 +60,20 @@ def ncnn_dispatch() -> dict[str, bool]:
     return {n[len("cpu_support_"):]: bool(getattr(ncnn, n)()) for n in probes}
 
 
-def machine_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """What every summary records about the machine (unreadable cpuinfo: model "unknown")."""
+def cpu_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """Architecture, CPU model, ISA features and ncnn's own probe; no Vulkan (a speed table's
+    heading must not start a GPU driver)."""
     try:
         cpu = parse_cpuinfo(cpuinfo.read_text())
     except OSError:
         cpu = {"cpu_model": platform.processor() or "unknown", "isa_features": []}
-    return {"arch": platform.machine(), **cpu, "ncnn_dispatch": ncnn_dispatch(),
-            "ncnn": _version("ncnn"), "torch": _version("torch"), "numpy": _version("numpy"),
-            "vulkan_device": device_record()}
+    return {"arch": platform.machine(), **cpu, "ncnn_dispatch": ncnn_dispatch()}
+
+
+def machine_record(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """What every summary records about the machine (unreadable cpuinfo: model "unknown")."""
+    return {**cpu_record(cpuinfo), "ncnn": _version("ncnn"), "torch": _version("torch"),
+            "numpy": _version("numpy"), "vulkan_device": device_record()}
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -77,3 +82,11 @@ def describe(record: dict[str, Any]) -> str:
     return (f"{record['cpu_model']} ({record['arch']}: {' '.join(record['isa_features']) or 'baseline ISA'}; "
             f"ncnn sees: {' '.join(seen) or 'baseline ISA'}), ncnn {record['ncnn']}, torch {record['torch']}"
             f"{vulkan_text(record.get('vulkan_device'))}")
+
+
+def table_heading(record: dict[str, Any], threads: int, read_gbps: float, extra: str = "") -> str:
+    """The line that heads every speed table: a ratio or a % of the bound means nothing without
+    the CPU, its ISA features, the thread count and the bandwidth measured in the same run."""
+    return (f"machine: {record['cpu_model']} ({record['arch']}: "
+            f"{' '.join(record['isa_features']) or 'baseline ISA'}); threads {threads}; "
+            f"read bandwidth {read_gbps:.1f} GB/s{'; ' + extra if extra else ''}")

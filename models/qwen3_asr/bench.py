@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ncnnport.runtime.perf_targets import PerfTarget
 from ncnnport.models.qwen3_asr import specs
 from ncnnport.models.qwen3_asr.features import extract_features
 from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
@@ -28,6 +29,14 @@ STAGES: dict[str, list[str]] = {"audio_encoder": ["2", "10"], "decode": ["16", "
 # decode layer + final norm + tied head) and the decode layers alone, at positions ~100 and ~1000.
 PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"]}
 TOKEN_ID = 11
+
+# Issue 17's decode targets, judged by `make bench-perf` on the rows it measured: the decode layers
+# at >= 85 % of the bandwidth bound with 4-byte (fp32) and with 2-byte (fp16) InnerProduct weights.
+PERF_TARGETS = [
+    PerfTarget(f"decode {w}-byte weights >= 85 % of bound, P={p}", "decode", p, "ncnn_pct_of_bound",
+               at_least=85, weight_bytes=w)
+    for w in (4, 2) for p in ("100", "1000")
+]
 
 
 def _seconds(size: str) -> float:
@@ -156,3 +165,15 @@ def torch_call(model: Any, stage: str, size: str) -> Callable[[], list[np.ndarra
     if stage == "token":
         return torch_token_call(model, int(size))
     return None
+
+
+def peer_graphs(model: Any, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
+    """The graphs one call of ``stage`` runs, for the ONNX Runtime column: every
+    ``decode_layer{i}`` at ``past=P`` (``decode``), plus the one-row embedding and the
+    norm + tied head (``token``)."""
+    if stage not in ("decode", "token"):
+        return None
+    layers = [(name, {"past": int(size)}) for name in specs.layer_names(specs.dims(model))["decode"]]
+    if stage == "decode":
+        return layers
+    return [("embed", {"seq": 1}), *layers, ("lm_head", {})]

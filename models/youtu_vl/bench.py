@@ -21,6 +21,7 @@ from ncnnport.models.youtu_vl.pipeline import (EMBED, decode_runners, encode_ima
 from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
+from ncnnport.runtime.perf_targets import PerfTarget
 from ncnnport.runtime.rope import span
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
@@ -31,6 +32,20 @@ STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), 
 # one-token stages run the ``decode`` graph variants, as ``run --precision fp16-storage`` does.
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
                                      "vision_encoder": ["448x448", "1024x1024"]}
+# Issue 17's targets, judged by `make bench-perf` on the rows it measured: the whole fp16-weight
+# token >= 3x torch fp32 eager (>= 1.7x where torch already runs at >= 50 % of the bound), the
+# layers flat in context (P=1000 <= 1.1x P=100) and at >= 85 % of the bound at both positions,
+# and the vision encoder >= 1.5x torch at each size.
+PERF_TARGETS = [
+    *(PerfTarget(f"token (fp16 weights) vs torch fp32, P={p}", "decode", p, "ratio", at_least=3.0,
+                 saturated_at_least=1.7, weight_bytes=2) for p in ("100", "1000")),
+    PerfTarget("layers flat in context: ms P=1000 / P=100", "layers", "1000", "ncnn_ms", at_most=1.1,
+               over_size="100"),
+    *(PerfTarget(f"layers >= 85 % of bound, P={p}", "layers", p, "ncnn_pct_of_bound", at_least=85)
+      for p in ("100", "1000")),
+    *(PerfTarget(f"vision encoder {s} vs torch", "vision_encoder", s, "ratio", at_least=1.5)
+      for s in ("448x448", "1024x1024")),
+]
 DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
 
 Call = Callable[[], list[np.ndarray]]
@@ -229,3 +244,14 @@ def _linear_weight_bytes(vl: Any, i: int) -> int:
     root = getattr(vl, "skeleton", vl).get_submodule(f"model.layers.{i}")
     return sum(4 * m.weight.numel() for name, m in root.named_modules()
                if isinstance(m, nn.Linear) and not name.endswith("kv_b_proj"))
+
+
+def peer_graphs(vl: Any, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
+    """The graphs of ``layers`` for the ONNX Runtime column: every ``llm_layer{i}`` on one token
+    over the dummy row + P cached positions (the shapes ``ncnn_call`` feeds). The whole token's
+    tied head is not declared: its cell says so."""
+    if stage != "layers":
+        return None
+    past = cache_length(size) + 1
+    return [(layer_name(i), {"seq": 1, "past": past, "total": past + 1})
+            for i in range(vl.cfg.text.num_hidden_layers)]

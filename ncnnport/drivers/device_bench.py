@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,6 +25,7 @@ import numpy as np
 from ncnnport.drivers.bench import backend_options, vulkan_available
 from ncnnport.metrics import compare
 from ncnnport.runtime.lazy_modules import open_ncnn_modules
+from ncnnport.runtime.perf_timing import interleaved_ms, timed_ms
 
 HEADER = ("| model | stage | size | runtime | median (ms) | min (ms) | runs | first call (ms) "
           "| cosine vs torch cpu | max_abs/max|ref| | note |")
@@ -65,17 +65,11 @@ def worst_parity(ref: Sequence[np.ndarray], outs: Sequence[Any]) -> tuple[float,
 
 
 def time_call(call: Callable[[], Sequence[Any]], warmup: int, runs: int) -> dict[str, Any]:
-    """First call (kept, as numpy, for parity), ``warmup - 1`` more untimed calls, ``runs`` timed."""
-    t = time.perf_counter()
-    first = [np.asarray(o) for o in call()]
-    first_ms = (time.perf_counter() - t) * 1e3
-    for _ in range(max(warmup - 1, 0)):
-        call()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e3)
+    """First call (kept, as numpy, for parity), ``warmup - 1`` more untimed calls, ``runs`` timed
+    (the speed tables' one loop, ``runtime/perf_timing.py``)."""
+    first_ms, outs = timed_ms(call)
+    first = [np.asarray(o) for o in outs]
+    times = interleaved_ms([call], runs, max(warmup - 1, 0))[0] if runs > 0 else []
     return {"outputs": first, "first_ms": first_ms, "median_ms": statistics.median(times) if times else None,
             "min_ms": min(times) if times else None, "runs": len(times)}
 

@@ -1,11 +1,16 @@
-"""ncnn vs PyTorch eager on the same work and thread count, medians of repeated runs, and both
-against the memory-bandwidth bound measured in the same run.
+"""ncnn vs PyTorch eager (and ONNX Runtime, the peer a PC user would pick) on the same work and
+thread count, timed INTERLEAVED call by call, and each against the memory-bandwidth bound
+measured in the same run.
 
-The two runtimes are timed one after the other, never at once (two OpenMP pools on two cores
-fight and distort both). The bound: a call must read at least its weights (plus its K/V cache)
-once, so ``bytes / read bandwidth`` is the fastest it can possibly be on this machine; the
-bandwidth is measured right before the table with a numpy reduction over an array far larger
-than any cache, because it swings minute to minute on a shared host.
+Interleaving (``runtime/perf_timing.py``): every round calls torch, ncnn and the peer once each
+(rotating which goes first), so a load change on a shared machine hits every runtime alike and
+the per-round ratios cancel it; the table prints the median of per-round ratios with its 95 %
+order-statistic interval. Calls alternate, never overlap (two OpenMP pools at once would fight).
+The bound: a call must read at least its weights (plus its K/V cache) once, so ``bytes / read
+bandwidth`` is the fastest it can possibly be on this machine; the bandwidth is measured right
+before each stage's rounds, at the stage's thread count, with several reductions over an array
+far larger than any cache, because it swings minute to minute on a shared host. Every table is
+headed by the machine (CPU model, ISA features, threads, that bandwidth).
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+
+from ncnnport.runtime.perf_timing import RatioEstimate, interleaved_ms, ratio_estimate
+
+Call = Callable[[], Any]
+WARMUP = 3
 
 
 @contextlib.contextmanager
@@ -35,17 +44,6 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(saved)
-
-
-def median_ms(call, runs: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def read_bandwidth(n_bytes: int = 256 << 20, runs: int = 7) -> dict[str, float]:
@@ -69,23 +67,13 @@ def read_bandwidth(n_bytes: int = 256 << 20, runs: int = 7) -> dict[str, float]:
         pass
     out: dict[str, float] = {"array_mb": n_bytes / 2**20}
     for name, kernel in kernels.items():
-        kernel()
-        times = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            kernel()
-            times.append(time.perf_counter() - t)
+        seconds = statistics.median(interleaved_ms([kernel], runs, warmup=1)[0]) / 1e3
         bytes_read = 2 * n_bytes if name == "numpy_dot" else n_bytes
-        out[f"{name}_gbps"] = bytes_read / statistics.median(times) / 1e9
+        out[f"{name}_gbps"] = bytes_read / seconds / 1e9
     del ones
     b = np.empty_like(a)
-    np.copyto(b, a)
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        times.append(time.perf_counter() - t)
-    out["copy_gbps"] = 2 * n_bytes / statistics.median(times) / 1e9
+    seconds = statistics.median(interleaved_ms([lambda: np.copyto(b, a)], runs, warmup=1)[0]) / 1e3
+    out["copy_gbps"] = 2 * n_bytes / seconds / 1e9
     out["read_gbps"] = max(v for k, v in out.items() if k.endswith("_gbps") and k != "copy_gbps")
     return out
 
@@ -98,78 +86,210 @@ def huge_pages_malloc() -> bool:
     return any(t.strip() in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2") for t in tunables.split(":"))
 
 
-def bound_row(ncnn_ms: float, torch_ms: float | None, nbytes: dict[str, int] | None,
-              bandwidth_gbps: float) -> dict[str, Any]:
+def bound_row(ncnn_ms: float, nbytes: dict[str, int] | None, bandwidth_gbps: float,
+              fp32_runtimes: dict[str, float | None] | None = None,
+              fp32_nbytes: dict[str, int] | None = None) -> dict[str, Any]:
     """Bound columns for one timed stage: bytes per call, the bound in ms (weights only and
-    weights + K/V cache) and each runtime's percentage of it (100% = at the bandwidth limit)."""
+    weights + K/V cache) and each runtime's percentage of it (100% = at the bandwidth limit).
+
+    ``nbytes`` is what ncnn reads under its precision; the fp32 runtimes (torch, ONNX Runtime:
+    ``{"torch": ms, "ort": ms}``) are judged against the bound of the fp32 bytes they read
+    (``fp32_nbytes``, default ``nbytes``), so a reduced-precision run does not report torch at a
+    fraction of a bound it never had to meet."""
     if not nbytes:
         return {}
     weights = int(nbytes.get("weights", 0))
     total = weights + int(nbytes.get("kv_cache", 0))
     bound_w = weights / (bandwidth_gbps * 1e9) * 1e3
     bound_all = total / (bandwidth_gbps * 1e9) * 1e3
+    fp32_w = int((fp32_nbytes or nbytes).get("weights", 0)) / (bandwidth_gbps * 1e9) * 1e3
     row = {"weight_bytes": weights, "kv_bytes": total - weights, "bound_weights_ms": bound_w,
-           "bound_ms": bound_all, "ncnn_pct_of_bound": 100 * bound_w / ncnn_ms,
+           "bound_ms": bound_all, "fp32_bound_weights_ms": fp32_w, "ncnn_pct_of_bound": 100 * bound_w / ncnn_ms,
            "ncnn_pct_of_bound_with_kv": 100 * bound_all / ncnn_ms}
-    if torch_ms:
-        row["torch_pct_of_bound"] = 100 * bound_w / torch_ms
+    for name, ms in (fp32_runtimes or {}).items():
+        if ms:
+            row[f"{name}_pct_of_bound"] = 100 * fp32_w / ms
     return row
+
+
+
+
+def _hook(port: Any, name: str, *args: Any) -> Any:
+    """A bench hook the port may lack (duck-typed test ports): None when absent."""
+    fn = getattr(port, name, None)
+    return None if fn is None else fn(*args)
+
+
+def _peer(prep: Any, stage: str, size: str, threads: int, workdir: Path | None) -> tuple[Call | None, str]:
+    """The ONNX Runtime call of the stage, or None and the reason (no peer asked: empty reason)."""
+    if workdir is None:
+        return None, ""
+    from ncnnport.drivers.onnx_peer import peer_call
+
+    graphs = _hook(prep.port, "bench_peer_graphs", prep.loaded, stage, size)
+    return peer_call({s.name: s for s in getattr(prep, "specs", [])}, graphs, threads, workdir)
+
+
+def time_stage(torch_call: Call, ncnn_call: Call, peer_call: Call | None, runs: int,
+               warmup: int = WARMUP) -> dict[str, Any]:
+    """torch, ncnn and the peer interleaved call by call: medians and per-round ratios vs ncnn."""
+    calls = [torch_call, ncnn_call] + ([peer_call] if peer_call is not None else [])
+    times = interleaved_ms(calls, runs, warmup)
+    out: dict[str, Any] = {"torch_ms": statistics.median(times[0]), "ncnn_ms": statistics.median(times[1]),
+                           "ratio_est": ratio_estimate(times[0], times[1]), "rounds": runs}
+    if peer_call is not None:
+        out["ort_ms"] = statistics.median(times[2])
+        out["ort_ratio_est"] = ratio_estimate(times[2], times[1])
+    return out
+
+
+def _ci(est: RatioEstimate | None) -> str:
+    return "-" if est is None else est.text()
+
+
+def _pct(row: dict[str, Any], key: str) -> str:
+    return "-" if row.get(key) is None else f"{row[key]:.0f}%"
+
+
+TABLE_HEADER = ("| model | stage | size | threads | torch eager (ms) | ncnn (ms) | torch/ncnn [95% CI] "
+                "| ORT CPU fp32 (ms) | ORT/ncnn [95% CI] | read GB/s | weight MB | bound (ms) | ncnn % of bound "
+                "| torch % of fp32 bound | ORT % of fp32 bound | ncnn % incl. K/V | note |")
+
+
+def format_row(model: str, r: dict[str, Any]) -> str:
+    """One printed row of the speed table (``-`` where a column has no value)."""
+    bound = (f"{r['weight_bytes'] / 2**20:.0f} | {r['bound_weights_ms']:.2f}" if "weight_bytes" in r else "- | -")
+    ort_ms = "-" if r.get("ort_ms") is None else f"{r['ort_ms']:.3f}"
+    return (f"| {model} | {r['stage']} | {r['size']} | {r['threads']} | {r['torch_ms']:.3f} | {r['ncnn_ms']:.3f} | "
+            f"{_ci(r.get('ratio_est'))} | {ort_ms} | {_ci(r.get('ort_ratio_est'))} | "
+            f"{r['bandwidth']['read_gbps']:.1f} | {bound} | {_pct(r, 'ncnn_pct_of_bound')} | "
+            f"{_pct(r, 'torch_pct_of_bound')} | {_pct(r, 'ort_pct_of_bound')} | "
+            f"{_pct(r, 'ncnn_pct_of_bound_with_kv')} | {r.get('ort_note', '')} |")
+
+
+def _json_row(r: dict[str, Any]) -> dict[str, Any]:
+    """The row as JSON: ratio estimates as their numbers."""
+    out = {k: v for k, v in r.items() if not k.endswith("_est")}
+    for key in ("ratio_est", "ort_ratio_est"):
+        if r.get(key) is not None:
+            out[key[:-4] + "_ci"] = r[key].to_json()
+    return out
 
 
 def torch_ratio_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None,
                       threads: int, runs: int, stage_sizes: dict[str, list[str]] | None = None,
-                      precision: str = "fp32", reference_package: Path | None = None
-                      ) -> list[dict[str, Any]]:
-    """One row per (stage, size): medians, torch/ncnn ratio and, where the port knows the bytes a
-    call reads, the bandwidth bound columns (``read_gbps`` of this run in every row). ncnn runs
-    under ``precision`` (judged once against the fp32 graphs of ``reference_package``); torch is
-    always eager fp32, so the ratio says what the precision buys over the reference. torch's
-    thread count is the bench's for the table only."""
+                      precision: str = "fp32", reference_package: Path | None = None,
+                      peer_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per (stage, size): torch, ncnn (and, with ``peer_dir``, ONNX Runtime) timed
+    interleaved, medians, per-round ratios vs ncnn with their interval and, where the port knows
+    the bytes a call reads, the bandwidth bound columns (this stage's ``read_gbps`` in every row).
+    ncnn runs under ``precision`` (judged once against the fp32 graphs of ``reference_package``);
+    torch and the peer are always fp32, so the ratio says what the precision buys over the
+    reference. torch's thread count is the bench's for the table only."""
     with torch_threads(threads):
-        return _table(prep, package, stages, sizes, threads, runs, stage_sizes, precision,
-                      reference_package or package)
+        rows = _table(prep, package, stages, sizes, threads, runs, stage_sizes, precision,
+                      reference_package or package, peer_dir)
+    return [_json_row(r) for r in rows]
+
+
+def _heading(threads: int, precision: str) -> None:
+    from ncnnport.runtime.machine import cpu_record, table_heading
+
+    bw = read_bandwidth()
+    kernels = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in bw.items() if k.endswith("_gbps") and k != "read_gbps")
+    extra = (f"fastest of {kernels} GB/s over {bw['array_mb']:.0f} MB, re-measured before every stage; "
+             f"malloc huge pages {'on' if huge_pages_malloc() else 'off'}; "
+             f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}; ncnn --precision {precision}")
+    print("\n" + table_heading(cpu_record(), threads, bw["read_gbps"], extra))
 
 
 def _table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None, threads: int,
            runs: int, stage_sizes: dict[str, list[str]] | None, precision: str,
-           reference_package: Path) -> list[dict[str, Any]]:
+           reference_package: Path, peer_dir: Path | None) -> list[dict[str, Any]]:
     from ncnnport.drivers.bench import backend_options, check_fidelity
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     known = stage_sizes or prep.port.bench_stages()
-    bw = read_bandwidth()
-    kernels = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in bw.items() if k.endswith("_gbps") and k != "read_gbps")
-    huge = huge_pages_malloc()
-    print(f"\nread bandwidth over {bw['array_mb']:.0f} MB, {threads} thread(s): {bw['read_gbps']:.1f} GB/s "
-          f"(fastest of: {kernels} GB/s); malloc huge pages: {'on' if huge else 'off'}; ncnn --precision {precision}")
+    model = prep.target.model
+    _heading(threads, precision)
     rows = []
-    print("\n| model | stage | size | torch eager median (ms) | ncnn median (ms) | torch/ncnn | weight MB "
-          "| bound (ms) | ncnn % of bound | torch % of bound | ncnn % of bound incl. K/V | threads |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n" + TABLE_HEADER)
+    print("|" + "---|" * TABLE_HEADER.count(" | ") + "---|")
     for stage in stages:
         for size in (sizes or known[stage]):
             tcall = prep.port.torch_bench_call(prep.loaded, stage, size)
             if tcall is None:
                 continue
-            t_ms = median_ms(tcall, runs)
-            del tcall
             modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
             ncall = prep.port.bench_call(prep.loaded, modules, stage, size)
             within = check_fidelity(prep, reference_package, stage, size, ncall(), precision, threads)
-            n_ms = median_ms(ncall, runs)
-            del ncall, modules
-            extra = bound_row(n_ms, t_ms, prep.port.bench_bytes(prep.loaded, stage, size, precision),
-                              bw["read_gbps"])
-            rows.append({"stage": stage, "size": size, "torch_ms": t_ms, "ncnn_ms": n_ms,
-                         "ratio": t_ms / n_ms, "threads": threads, "precision": precision, "bandwidth": bw,
-                         "huge_pages_malloc": huge, **({} if within is None else {"within_budget": within}),
-                         **extra})
-            if extra:
-                cols = (f"{extra['weight_bytes'] / 2**20:.0f} | {extra['bound_weights_ms']:.2f} | "
-                        f"{extra['ncnn_pct_of_bound']:.0f}% | {extra['torch_pct_of_bound']:.0f}% | "
-                        f"{extra['ncnn_pct_of_bound_with_kv']:.0f}%")
-            else:
-                cols = "- | - | - | - | -"
-            print(f"| {prep.target.model} | {stage} | {size} | {t_ms:.3f} | {n_ms:.3f} | {t_ms / n_ms:.2f}x | "
-                  f"{cols} | {threads} |", flush=True)
+            pcall, note = _peer(prep, stage, size, threads, peer_dir)
+            bw = read_bandwidth()
+            timed = time_stage(tcall, ncall, pcall, runs)
+            del tcall, ncall, pcall, modules
+            row = {"stage": stage, "size": size, "threads": threads, "precision": precision, "bandwidth": bw,
+                   "huge_pages_malloc": huge_pages_malloc(), **timed, "ratio": timed["ratio_est"].median,
+                   **({} if within is None else {"within_budget": within}), **({"ort_note": note} if note else {})}
+            if "ort_ratio_est" in timed:
+                row["ort_ratio"] = timed["ort_ratio_est"].median
+            nbytes = prep.port.bench_bytes(prep.loaded, stage, size, precision)
+            fp32 = nbytes if precision == "fp32" else prep.port.bench_bytes(prep.loaded, stage, size, "fp32")
+            row.update(bound_row(timed["ncnn_ms"], nbytes, bw["read_gbps"],
+                                 {"torch": timed["torch_ms"], "ort": timed.get("ort_ms")}, fp32))
+            rows.append(row)
+            print(format_row(model, row), flush=True)
     return rows
+
+
+def scaling(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per stage, size and runtime: the median at each thread count and the scaling efficiency
+    ``(ms at t0 * t0) / (ms at t * t)`` against the smallest count t0 (1.0 = linear)."""
+    out = []
+    for stage, size in dict.fromkeys((r["stage"], r["size"]) for r in rows):
+        mine = sorted((r for r in rows if r["stage"] == stage and r["size"] == size), key=lambda r: r["threads"])
+        for runtime in ("torch", "ncnn", "ort"):
+            timed = [(r["threads"], r[f"{runtime}_ms"]) for r in mine if r.get(f"{runtime}_ms")]
+            if len(timed) < 2:
+                continue
+            t0, ms0 = timed[0]
+            out.append({"stage": stage, "size": size, "runtime": runtime,
+                        "ms": {str(t): ms for t, ms in timed},
+                        "efficiency": {str(t): ms0 * t0 / (ms * t) for t, ms in timed}})
+    return out
+
+
+def print_scaling(model: str, table: Sequence[dict[str, Any]]) -> None:
+    if not table:
+        return
+    print(f"\nthread scaling ({model}; efficiency = ms(t0) x t0 / (ms(t) x t), 1.00 = linear):")
+    print("| stage | size | runtime | median ms per thread count | efficiency |")
+    print("|---|---|---|---|---|")
+    for s in table:
+        ms = ", ".join(f"t{t} {v:.3f}" for t, v in s["ms"].items())
+        eff = ", ".join(f"t{t} {v:.2f}" for t, v in s["efficiency"].items())
+        print(f"| {s['stage']} | {s['size']} | {s['runtime']} | {ms} | {eff} |")
+
+
+def perf_report(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str] | None,
+                threads_list: Sequence[int], runs: int, stage_sizes: dict[str, list[str]] | None = None,
+                precision: str = "fp32", reference_package: Path | None = None,
+                peer: bool = True) -> dict[str, Any]:
+    """``bench --perf``: the speed table at every thread count of ``threads_list``, the thread
+    scaling, and the model's declared targets judged on these rows."""
+    from ncnnport.runtime.perf_targets import judge, print_verdicts
+    from ncnnport.runtime import precision as precisions
+    from ncnnport.runtime.machine import cpu_record
+
+    reference_package = reference_package or package
+    peer_dir = reference_package.parent / "onnx-peer" if peer else None
+    rows: list[dict[str, Any]] = []
+    for n in threads_list:
+        rows += torch_ratio_table(prep, package, stages, sizes, n, runs, stage_sizes, precision,
+                                  reference_package, peer_dir)
+    model = prep.target.model
+    table = scaling(rows)
+    print_scaling(model, table)
+    targets = _hook(prep.port, "bench_perf_targets") or []
+    verdicts = judge(targets, rows, precisions.get(precision).inner_product_weight_bytes)
+    print_verdicts(model, verdicts)
+    return {"machine": cpu_record(), "rows": rows, "scaling": table, "targets": verdicts}

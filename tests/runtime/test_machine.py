@@ -38,3 +38,16 @@ def test_this_machine_record_has_versions(tmp_path):
     assert "ncnn" in describe(rec)
     assert set(rec["ncnn_dispatch"]) >= {"x86_avx", "x86_avx2", "arm_asimdhp"}
     assert machine_record(tmp_path / "missing")["isa_features"] == []
+
+
+def test_speed_table_heading_names_cpu_features_threads_and_bandwidth(tmp_path, monkeypatch):
+    import ncnnport.runtime.machine as machine
+
+    monkeypatch.setattr(machine, "device_record", lambda: (_ for _ in ()).throw(AssertionError("Vulkan probed")))
+    info = tmp_path / "cpuinfo"
+    info.write_text(X86)
+    rec = machine.cpu_record(info)                      # no Vulkan probe for a speed table
+    line = machine.table_heading(rec, 4, 23.46, "malloc huge pages off")
+    assert line.startswith("machine: Intel(R) Xeon(R) Platinum 8480+ (")
+    assert "avx2 avx512f" in line and "threads 4" in line and "read bandwidth 23.5 GB/s" in line
+    assert line.endswith("; malloc huge pages off")

@@ -1,0 +1,98 @@
+"""Speed targets judged on the rows of one ``bench --perf`` run: each printed with the measured
+value and ``met`` / ``not met``, never a stored verdict.
+
+A model's bench module declares its targets (``PERF_TARGETS``) as data: which stage and size,
+which row field, the threshold. The generic judge here knows no model. A target the speed table
+cannot measure (e.g. peak RSS, which needs a process per runtime) is printed as not measured
+with its reason, so the list of targets stays complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+HEADER = "| target | threads | measured | needed | verdict |"
+
+
+@dataclass(frozen=True)
+class PerfTarget:
+    """One target. ``metric`` is a row field (``ncnn_pct_of_bound``, ``ratio`` = torch/ncnn,
+    ``ncnn_ms`` ...); with ``over_size`` the value is this row's metric over the same metric at
+    ``over_size`` (flatness). ``weight_bytes`` limits the target to runs whose precision reads
+    InnerProduct weights at that width (the fp32 vs fp16-weight targets). Where torch runs at
+    ``saturation_pct`` or more of the bound, ``saturated_at_least`` replaces ``at_least``: a
+    runtime cannot be far ahead of one that already saturates memory."""
+
+    label: str
+    stage: str
+    size: str
+    metric: str
+    at_least: float | None = None
+    at_most: float | None = None
+    over_size: str | None = None
+    weight_bytes: int | None = None
+    saturated_at_least: float | None = None
+    saturation_pct: float = 50.0
+    unmeasured: str = ""
+
+    def applies(self, weight_bytes: int) -> bool:
+        return self.weight_bytes is None or self.weight_bytes == weight_bytes
+
+    def needed(self, row: dict[str, Any]) -> tuple[str, float]:
+        """The comparison and threshold for ``row`` (the saturated threshold where it applies)."""
+        if self.at_most is not None:
+            return "<=", self.at_most
+        torch_pct = row.get("torch_pct_of_bound")
+        if self.saturated_at_least is not None and torch_pct is not None and torch_pct >= self.saturation_pct:
+            return ">=", self.saturated_at_least
+        if self.at_least is None:
+            raise ValueError(f"target {self.label!r}: give at_least or at_most")
+        return ">=", self.at_least
+
+
+def _find(rows: Sequence[dict[str, Any]], stage: str, size: str, threads: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["stage"] == stage and r["size"] == size and r["threads"] == threads), None)
+
+
+def judge_one(target: PerfTarget, rows: Sequence[dict[str, Any]], threads: int) -> dict[str, Any]:
+    """The verdict of ``target`` on the rows of one thread count."""
+    out: dict[str, Any] = {"target": target.label, "threads": threads, "value": None, "needed": None,
+                           "met": None, "note": ""}
+    if target.unmeasured:
+        return {**out, "note": f"not measured: {target.unmeasured}"}
+    row = _find(rows, target.stage, target.size, threads)
+    if row is None or row.get(target.metric) is None:
+        return {**out, "note": f"not measured: no {target.metric} for {target.stage}@{target.size} in this run"}
+    value = float(row[target.metric])
+    if target.over_size is not None:
+        base = _find(rows, target.stage, target.over_size, threads)
+        if base is None or not base.get(target.metric):
+            return {**out, "note": f"not measured: no {target.stage}@{target.over_size} in this run"}
+        value /= float(base[target.metric])
+    op, limit = target.needed(row)
+    met = value >= limit if op == ">=" else value <= limit
+    return {**out, "value": value, "needed": f"{op} {limit:g}", "met": met}
+
+
+def judge(targets: Sequence[PerfTarget], rows: Sequence[dict[str, Any]], weight_bytes: int) -> list[dict[str, Any]]:
+    """Every applicable target at every thread count of ``rows`` (once when there are none)."""
+    counts = sorted({r["threads"] for r in rows}) or [0]
+    return [judge_one(t, rows, n) for t in targets if t.applies(weight_bytes) for n in counts]
+
+
+def format_verdict(v: dict[str, Any]) -> str:
+    if v["met"] is None:
+        return f"| {v['target']} | {v['threads']} | - | - | {v['note']} |"
+    return (f"| {v['target']} | {v['threads']} | {v['value']:.3g} | {v['needed']} | "
+            f"{'met' if v['met'] else 'not met'} |")
+
+
+def print_verdicts(model: str, verdicts: Sequence[dict[str, Any]]) -> None:
+    if not verdicts:
+        return
+    print(f"\ntargets ({model}):")
+    print(HEADER)
+    print("|---|---|---|---|---|")
+    for v in verdicts:
+        print(format_verdict(v))

@@ -1,0 +1,108 @@
+"""The speed tables' one timing loop: interleaved rounds, per-round ratios and their interval.
+
+The decisive test runs two busy loops of known relative cost (N and 2N iterations, no sleep)
+while a load generator shares their CPU: the interleaved ratio's interval holds 2, while the
+same work timed in two blocks, with the load arriving between them, reads far from 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ncnnport.runtime.perf_timing import interleaved_ms, median_ms, median_rank_interval, ratio_estimate
+
+
+def busy(n: int) -> int:
+    """Pure-Python work proportional to ``n`` (no sleep: it needs the CPU the whole time)."""
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def test_rounds_rotate_the_order_so_no_runtime_always_goes_first() -> None:
+    seen: list[str] = []
+    calls = [lambda: seen.append("a"), lambda: seen.append("b"), lambda: seen.append("c")]
+    times = interleaved_ms(calls, runs=3, warmup=1)
+    assert seen == list("abc" "abc" "bca" "cab")
+    assert [len(t) for t in times] == [3, 3, 3]
+
+
+def test_median_rank_interval_matches_the_binomial_tables() -> None:
+    # n=20: ranks 6 and 15, coverage 1 - 2 P(Bin(20, 1/2) <= 5) = 0.9586
+    assert median_rank_interval(20)[:2] == (6, 15)
+    assert median_rank_interval(20)[2] == pytest.approx(0.95861, abs=1e-5)
+    assert median_rank_interval(6) == (1, 6, pytest.approx(1 - 2 / 64))
+    k, j, coverage = median_rank_interval(5)            # too few rounds for 95 %: the whole range
+    assert (k, j) == (1, 5) and coverage < 0.95
+    for n in (7, 31, 100, 401):
+        k, j, coverage = median_rank_interval(n)
+        assert coverage >= 0.95 and median_rank_interval(n, 0.5)[0] > k
+
+
+def test_ratio_estimate_is_the_median_of_per_round_ratios() -> None:
+    est = ratio_estimate([2.0, 4.0, 6.0, 8.0, 10.0, 12.0], [1.0, 2.0, 3.0, 4.0, 5.0, 7.0])
+    assert est.median == pytest.approx(2.0) and est.low == pytest.approx(12 / 7) and est.high == 2.0
+    with pytest.raises(ValueError, match="same rounds"):
+        ratio_estimate([1.0], [1.0, 2.0])
+
+
+@pytest.fixture
+def one_cpu():
+    """This process pinned to one CPU (restored afterwards), so a load generator pinned there too
+    takes half of it whenever it runs."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs sched_setaffinity")
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    os.sched_setaffinity(0, {cpu})
+    yield cpu
+    os.sched_setaffinity(0, before)
+
+
+LOADERS = 3   # busy processes beside the timed one: it gets about a quarter of its CPU
+
+
+def start_load(cpu: int) -> list[subprocess.Popen]:
+    """``LOADERS`` busy-looping processes pinned to ``cpu``."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(LOADERS)]
+    for p in procs:
+        os.sched_setaffinity(p.pid, {cpu})
+    time.sleep(0.2)
+    return procs
+
+
+def stop_load(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+N = 75_000
+
+
+def test_interleaved_ratio_holds_the_true_ratio_under_a_load_that_block_timing_does_not(one_cpu) -> None:
+    a, b = (lambda: busy(2 * N)), (lambda: busy(N))       # true ratio a/b = 2
+    quiet = ratio_estimate(*interleaved_ms([a, b], runs=41, warmup=2))
+    assert quiet.contains(2.0), quiet
+
+    load = start_load(one_cpu)
+    try:
+        loaded = ratio_estimate(*interleaved_ms([a, b], runs=41, warmup=2))
+    finally:
+        stop_load(load)
+    assert loaded.contains(2.0), loaded
+
+    # the old way: each runtime in its own block, the load arriving between the blocks
+    a_ms = median_ms(a, runs=15)
+    load = start_load(one_cpu)
+    try:
+        b_ms = median_ms(b, runs=15)
+    finally:
+        stop_load(load)
+    assert not loaded.contains(a_ms / b_ms) and a_ms / b_ms < 1.4, (a_ms / b_ms, loaded)
