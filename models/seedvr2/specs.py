@@ -32,7 +32,7 @@ import numpy as np
 from torch import nn
 
 from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
-from ncnnport.export.weights import beyond_layers, weight_bytes
+from ncnnport.export.weights import beyond_layers, pattern_matches, weight_bytes
 from ncnnport.lazy_weights import TensorsSource, WeightSource
 from ncnnport.models.seedvr2.lazy import TEXT
 from ncnnport.models.seedvr2 import wrappers as W
@@ -138,8 +138,11 @@ def unused_weights(model: Any) -> dict[str, str]:
     out = {TEXT: "the prompt embedding is graph input, not a weight: the host feeds it to dit_input "
                  "(shipped in the package's runtime files)"}
     last = d.num_layers - 1
-    if not d.shared_weights(last):  # see block_parts: the official last block has no text output
-        out[f"dit.blocks.{last}.attn.proj_out.txt"] = "the last block has no text output (official)"
+    if not d.shared_weights(last):  # see block_parts; a K-block cut of a checkpoint also stores
+        # block K-1's text ada/MLP, which the block does not use in the last-block role
+        why = "the last block has no text output and does not modulate text (official)"
+        out.update({f"dit.blocks.{last}.{p}": why for p in ("attn.proj_out.txt", "mlp.txt", "ada.txt")
+                    if any(pattern_matches(n, f"dit.blocks.{last}.{p}") for n in names)})
     out.update({n: "RoPE frequencies: checked against the config, the host computes the tables"
                 for n in names if n.startswith("dit.") and n.endswith(".freqs")})
     return {**out, **beyond_layers(names, "dit.blocks.{i}", d.num_layers)}

@@ -241,3 +241,38 @@ def test_a_folder_loaded_spec_records_its_tensors_and_file_hash(loaded, tmp_path
     files = {Path(source.file_of(t)) for t in rec["tensors"]}
     assert rec["files"] == {p.name: sha256_file(p) for p in files}
     assert list((tmp_path / "cache" / "sha256").glob("*.json"))  # hashed once, then cached
+
+
+@pytest.mark.parametrize("layers", [None, 1, 2])
+def test_a_seedvr2_folder_cut_to_k_blocks_declares_what_the_cut_leaves(layers, tmp_path, monkeypatch):
+    """A K-block cut of a checkpoint stores the later blocks and block K-1's text branch (unused
+    in the last-block role); a whole one stores RoPE freqs: each is declared with its reason."""
+    from ncnnport.models.seedvr2 import model as M
+
+    monkeypatch.setenv("NCNNPORT_CACHE", str(tmp_path / "cache"))
+    M.save(M.from_preset("tiny"), tmp_path / "ck")
+    port = get_port("seedvr2")
+    ld = port.load("tiny", tmp_path / "ck", layers=layers)
+    specs = port.module_specs(ld)
+    unused = port.unused_weights(ld)
+    assert any(k.endswith(".freqs") for k in unused)
+    if layers is not None:
+        assert f"dit.blocks.{layers}" in unused and f"dit.blocks.{layers - 1}.mlp.txt" in unused
+    out = next(s for s in specs if s.name == "dit_output").to_json()["weights"]
+    assert out["files"] == {"dit.safetensors": sha256_file(tmp_path / "ck" / "dit.safetensors")}
+
+
+@pytest.mark.parametrize("layers", [None, 1])
+def test_qwen_official_layout_records_the_names_the_folder_stores(layers, tmp_path, monkeypatch):
+    from ncnnport.models.qwen3_asr.checkpoint import load_checkpoint, write_official_folder
+    from ncnnport.models.qwen3_asr.presets import preset_folder
+
+    monkeypatch.setenv("NCNNPORT_CACHE", str(tmp_path / "cache"))
+    model, processor = load_checkpoint(preset_folder("tiny", cache_dir=tmp_path / "presets"))
+    folder = write_official_folder(model, processor, tmp_path / "official")
+    port = get_port("qwen3-asr")
+    ld = port.load("tiny", folder, layers=layers)
+    spec = next(s for s in port.module_specs(ld) if s.name == "decode_layer0")
+    stored = set(ld.reference.source.stored_names())
+    assert spec.weight_tensors and set(spec.weight_tensors) <= stored
+    assert not any(t.startswith("model.language_model.") for t in spec.weight_tensors)
