@@ -130,7 +130,9 @@ def spec_weight_bytes(spec: ModuleSpec, source: Any) -> int:
 
 
 def check_reads(spec: ModuleSpec, before: Mapping[str, int]) -> None:
-    """After ``spec.build()``: the bound source's reads since ``before`` must all be declared."""
+    """After ``spec.build()``: the bound source's reads since ``before`` must all be declared and,
+    when the build read from the source at all, cover every declared tensor (an over-declared graph
+    would count bytes it does not hold)."""
     source = spec.weight_source
     if source is None:
         return
@@ -139,6 +141,11 @@ def check_reads(spec: ModuleSpec, before: Mapping[str, int]) -> None:
     if extra:
         raise WeightCoverageError(f"module {spec.name}: build() read {len(extra)} tensor(s) its weights "
                                   f"do not declare: {extra[:6]}")
+    # a build that read from the source (not a model already built whole) must read all it declares
+    unread = sorted(set(spec.weight_tensors) - set(read)) if read else []
+    if unread:
+        raise WeightCoverageError(f"module {spec.name}: declares {len(unread)} tensor(s) build() never "
+                                  f"read: {unread[:6]}")
 
 
 # --- checkpoint file hashes, cached by (path, size, mtime) -----------------------------------------

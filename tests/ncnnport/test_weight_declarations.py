@@ -16,6 +16,8 @@ from ncnnport.fsutil import sha256_file
 from ncnnport.lazy_weights import SafetensorsSource, TensorsSource
 from ncnnport.registry import get_port
 
+MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")
+
 
 def _spec(name: str, weights: tuple[str, ...], build=None) -> ModuleSpec:
     return ModuleSpec(name, build or (lambda: nn.Identity()), [TensorSpec("x", (1, 4))],
@@ -100,6 +102,45 @@ def test_export_refuses_a_build_that_reads_an_undeclared_tensor(tmp_path):
     export_module(specs[1], tmp_path.parent / "b")  # the graph that declares it exports
 
 
+def test_export_refuses_a_build_that_reads_less_than_it_declares(tmp_path):
+    from ncnnport.export.tracing import export_module
+
+    src = _source()
+
+    class ReadsNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(src.get("norm.weight"), requires_grad=False)
+
+        def forward(self, x):
+            return x * self.w
+
+    specs = [_spec("a", ("norm", "emb"), build=ReadsNorm), _spec("b", ("layers",))]
+    bind_weights(specs, src, {})
+    with pytest.raises(WeightCoverageError, match=r"module a: declares 1 tensor\(s\) build\(\) never read.*emb"):
+        export_module(specs[0], tmp_path)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_graph_build_reads_exactly_its_declared_tensors(model, tmp_path):
+    """Built from a checkpoint folder (SeedVR2: its tiny preset saved as one), each graph reads
+    from the source exactly the tensors its spec declares."""
+    from ncnnport.export.weights import check_reads
+
+    ckpt = None
+    if model == "seedvr2":
+        from ncnnport.models.seedvr2 import model as M
+        M.save(M.from_preset("tiny"), tmp_path / "ck")
+        ckpt = tmp_path / "ck"
+    port = get_port(model)
+    for spec in port.module_specs(port.load("tiny", ckpt)):
+        before = dict(spec.weight_source.reads)
+        spec.build()
+        check_reads(spec, before)
+        read = {n for n, k in spec.weight_source.reads.items() if k > before.get(n, 0)}
+        assert read == set(spec.weight_tensors)
+
+
 def test_beyond_layers_declares_only_the_dropped_layers():
     names = ["m.layers.0.w", "m.layers.1.w", "m.layers.2.w", "m.layers.10.w", "m.norm"]
     assert list(beyond_layers(names, "m.layers.{i}", 2)) == ["m.layers.2", "m.layers.10"]
@@ -107,9 +148,6 @@ def test_beyond_layers_declares_only_the_dropped_layers():
 
 
 # --- the three models ----------------------------------------------------------------------------
-MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")
-
-
 @pytest.fixture(scope="module")
 def loaded():
     cache = {}
