@@ -53,7 +53,11 @@ def export_module(spec: ModuleSpec, out_dir: Path) -> dict[str, Any]:
     """
     import torch
 
+    from ncnnport.export.weights import check_reads
+
+    before = dict(spec.weight_source.reads) if spec.weight_source is not None else {}
     module = spec.build()
+    check_reads(spec, before)
     module.eval()
     trace_inputs = _to_tensors(spec.example_inputs(spec.trace_sizes(0)))
     with torch.inference_mode(False), torch.no_grad():

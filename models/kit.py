@@ -12,8 +12,9 @@ keep K layers -> seeded or checkpoint weights -> assets), four ``truncated_confi
 * ``seeded_presets`` / ``seed`` and ``seeded(config, seed)``: weights generated per tensor;
 * ``from_folder(folder, config, truncated)``: weights read per module from a checkpoint;
 * ``assets(folder)`` / ``extra(folder, reference)``: files and objects the runtime needs;
-* ``specs_module`` / ``bench_module``: the folder's modules holding ``module_specs`` and the
-  bench tables (``STAGES``, ``PERF_STAGES``, ``ncnn_call``, ``torch_call``, ``stage_bytes``).
+* ``specs_module`` / ``bench_module``: the folder's modules holding ``module_specs`` (each spec
+  declaring its ``weights``), ``module_weight_bytes``, optionally ``weight_source(reference)`` and
+  ``unused_weights(reference)`` (stored tensors no graph reads, with why), and the bench tables (``STAGES``, ``PERF_STAGES``, ``ncnn_call``, ``torch_call``, ``stage_bytes``).
 """
 
 from __future__ import annotations
@@ -137,7 +138,23 @@ class KitPort(ModelPort):
         return importlib.import_module(f"{type(self).__module__.rsplit('.', 1)[0]}.{module}")
 
     def module_specs(self, loaded: LoadedModel) -> list:
-        return self._own(self.specs_module).module_specs(loaded.reference)
+        """The specs module's split, its declared weights checked against the loaded source and
+        recorded on each spec (:func:`ncnnport.export.weights.bind_weights`)."""
+        from ncnnport.export.weights import bind_weights
+
+        specs = self._own(self.specs_module).module_specs(loaded.reference)
+        bind_weights(specs, self.weight_source(loaded), self.unused_weights(loaded))
+        return specs
+
+    def weight_source(self, loaded: LoadedModel) -> Any:
+        """The specs module's ``weight_source(reference)``, else the reference's ``source``."""
+        fn = getattr(self._own(self.specs_module), "weight_source", None)
+        return fn(loaded.reference) if fn is not None else loaded.reference.source
+
+    def unused_weights(self, loaded: LoadedModel) -> dict[str, str]:
+        """Stored tensors no graph reads, pattern -> why (the specs module's ``unused_weights``)."""
+        fn = getattr(self._own(self.specs_module), "unused_weights", None)
+        return dict(fn(loaded.reference)) if fn is not None else {}
 
     def module_weight_bytes(self, loaded: LoadedModel) -> dict[str, int]:
         return self._own(self.specs_module).module_weight_bytes(loaded.reference)

@@ -144,6 +144,27 @@ class Tolerance:
         return dataclasses.asdict(self)
 
 
+_ROWS_RE = re.compile(r"(.+)@(\d+):(\d+)")
+
+
+def split_weight_pattern(pattern: str) -> tuple[str, tuple[int, int] | None]:
+    """``"lm_head.weight@0:512"`` -> ``("lm_head.weight", (0, 512))``; other patterns -> (pattern, None)."""
+    m = _ROWS_RE.fullmatch(pattern)
+    if not m:
+        return pattern, None
+    return m.group(1), (int(m.group(2)), int(m.group(3)))
+
+
+def check_weight_pattern(pattern: str, where: str) -> None:
+    """A weight pattern must be a non-empty name, glob or ``name@start:stop`` with start < stop;
+    a stray ``@`` or an empty row range is a typo, never a pattern that silently matches nothing."""
+    if not isinstance(pattern, str) or not pattern.strip() or pattern != pattern.strip():
+        raise ValueError(f"{where}: weight pattern {pattern!r} must be a non-empty name without spaces")
+    name, rows = split_weight_pattern(pattern)
+    if "@" in name or (rows is not None and not rows[0] < rows[1]):
+        raise ValueError(f"{where}: weight pattern {pattern!r}: rows are written name@start:stop, start < stop")
+
+
 InputMaker = Callable[[Mapping[str, int], np.random.Generator], Sequence[np.ndarray]]
 
 
@@ -175,6 +196,17 @@ class ModuleSpec:
     # runtime hint read from the spec JSON: return the graph's pooled activation memory after each
     # call (for graphs whose activations are far larger than their weights, e.g. a VAE)
     release_after_call: bool = False
+    # checkpoint tensors the graph reads, as name patterns over the weight source's names: a
+    # prefix (``model.layers.3`` = that name and everything under ``model.layers.3.``), a glob
+    # (``*.attn.proj_qkv.*``), or ``name@start:stop`` for rows of one tensor (a vocab shard).
+    # Export checks them against the loaded weights (ncnnport.export.weights.bind_weights).
+    weights: tuple[str, ...] = ()
+    # filled by bind_weights from the loaded source, recorded in the spec JSON: the stored tensor
+    # names ``weights`` resolved to, and sha256 per checkpoint file they came from (folders only)
+    weight_tensors: tuple[str, ...] = ()
+    weight_files: dict[str, str] = field(default_factory=dict)
+    # the WeightSource bound above (not recorded): export checks build() read only weight_tensors
+    weight_source: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z0-9_]+", self.name):
@@ -195,6 +227,8 @@ class ModuleSpec:
         names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
         if len(set(names)) != len(names):
             raise ValueError(f"module {self.name}: duplicate tensor names {names}")
+        for w in self.weights:
+            check_weight_pattern(w, f"module {self.name}")
         variant_names = [v.name for v in self.variants]
         if len(set(variant_names)) != len(variant_names):
             raise ValueError(f"module {self.name}: duplicate graph variants {variant_names}")
@@ -270,6 +304,8 @@ class ModuleSpec:
             "single_size_reason": self.single_size_reason,
             "variants": [v.to_json() for v in self.variants],
             "release_after_call": self.release_after_call,
+            "weights": {"patterns": list(self.weights), "tensors": list(self.weight_tensors),
+                        "files": dict(self.weight_files)},
         }
 
 

@@ -74,6 +74,14 @@ class WeightSource(ABC):
         stored = self._names()
         return stored + [a for a in self.aliases if a not in set(stored)]
 
+    def stored_names(self) -> list[str]:
+        """Names the source holds itself (what a checkpoint file stores; aliases excluded)."""
+        return list(self._names())
+
+    def file_of(self, name: str) -> Path | None:
+        """The checkpoint file a stored tensor is read from (None: not read from a file)."""
+        return None
+
     def resolve(self, name: str) -> str:
         if name in self.aliases and name not in set(self._names()):
             return self.aliases[name]
@@ -205,6 +213,28 @@ class SeededSource(WeightSource):
         return f"seeded weights (seed {self.seed})"
 
 
+# --- in-memory source ---------------------------------------------------------------------------
+class TensorsSource(WeightSource):
+    """Tensors already in memory (a model built whole), so the generic weight checks and byte
+    counts read one interface whether a model is lazy or not."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], aliases: Mapping[str, str] | None = None) -> None:
+        super().__init__(aliases)
+        self._tensors = dict(tensors)
+
+    def _names(self) -> list[str]:
+        return list(self._tensors)
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def _load(self, name: str) -> torch.Tensor:
+        return self._tensors[name].detach()
+
+    def describe(self) -> str:
+        return "weights in memory"
+
+
 # --- safetensors source -------------------------------------------------------------------------
 def read_weight_map(index: Path) -> dict[str, str]:
     """The ``weight_map`` of a sharded checkpoint's index, checked: tensor name -> shard file."""
@@ -301,6 +331,9 @@ class SafetensorsSource(WeightSource):
 
     def _shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name]
+
+    def file_of(self, name: str) -> Path | None:
+        return self.files.get(name)
 
     def _key(self, name: str) -> str:
         """The tensor's key inside its file (a subclass may prefix names by file)."""

@@ -7,6 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
+from ncnnport.export.weights import beyond_layers, weight_bytes
 from ncnnport.models.qwen3_asr import wrappers
 from ncnnport.models.qwen3_asr.names import layer_names  # noqa: F401 - re-exported
 from ncnnport.runtime import masks, rope
@@ -99,6 +100,7 @@ def module_specs(model) -> list[ModuleSpec]:
             "audio_conv", build=audio_conv,
             inputs=[TensorSpec("mel", (1, 1, d["mel_bins"], d["chunk_frames"]))],
             outputs=[TensorSpec("conv", (1, "steps", d["d_model"]))],
+            weights=tuple(f"{tower}.{n}" for n in ("conv2d1", "conv2d2", "conv2d3", "conv_out")),
             notes="static: one 2*n_window-frame mel chunk; the host crops the partial last chunk"),
     ]
     for i, name in enumerate(names["audio"]):
@@ -107,6 +109,7 @@ def module_specs(model) -> list[ModuleSpec]:
             inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
             outputs=[TensorSpec("y", (1, "tokens", d["d_model"]))],
             axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}, {"tokens": 57}],
+            weights=(f"{tower}.layers.{i}",),
             notes="one encoder layer over one attention window (full attention inside it)"))
     out += [
         ModuleSpec(
@@ -114,12 +117,14 @@ def module_specs(model) -> list[ModuleSpec]:
                                                            model.part("model.multi_modal_projector")).eval(),
             inputs=[TensorSpec("x", (1, "tokens", d["d_model"]))],
             outputs=[TensorSpec("audio_embeds", (1, "tokens", d["audio_out"]))],
-            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}]),
+            axes={"tokens": AUDIO_WINDOW_TRACE}, parity_sizes=[{"tokens": 1}],
+            weights=(f"{tower}.ln_post", "model.multi_modal_projector")),
         ModuleSpec(
             "embed", build=lambda: wrappers.TokenEmbed(model.part(f"{text}.embed_tokens")).eval(),
             inputs=[TensorSpec("ids", (1, "seq"), "int32")],
             outputs=[TensorSpec("emb", (1, "seq", H))],
-            axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}]),
+            axes={"seq": (7, 19)}, make_inputs=_ids_inputs(d), parity_sizes=[{"seq": 1}],
+            weights=(f"{text}.embed_tokens",)),
     ]
     for i, name in enumerate(names["prefill"]):
         out.append(ModuleSpec(
@@ -129,7 +134,7 @@ def module_specs(model) -> list[ModuleSpec]:
             outputs=[TensorSpec("h_out", (1, "seq", H)), TensorSpec("k", (1, kv, "seq", hd)),
                      TensorSpec("v", (1, kv, "seq", hd))],
             axes={"seq": PREFILL_TRACE}, make_inputs=_prefill_inputs(d),
-            parity_sizes=[{"seq": 1}, {"seq": 64}]))
+            parity_sizes=[{"seq": 1}, {"seq": 64}], weights=(f"{text}.layers.{i}",)))
     for i, name in enumerate(names["decode"]):
         out.append(ModuleSpec(
             name, build=lambda i=i: wrappers.TextDecodeLayer(model.part(f"{text}.layers.{i}"), text_cfg).eval(),
@@ -138,29 +143,27 @@ def module_specs(model) -> list[ModuleSpec]:
             outputs=[TensorSpec("h_out", (1, H)), TensorSpec("k", (1, kv, 1, hd)), TensorSpec("v", (1, kv, 1, hd))],
             axes={"past": DECODE_TRACE},
             make_inputs=lambda sizes, rng: decode_layer_inputs(d, sizes["past"], rng),
-            parity_sizes=[{"past": 1}, {"past": 77}],
+            parity_sizes=[{"past": 1}, {"past": 77}], weights=(f"{text}.layers.{i}",),
             notes="one token over the host's preallocated cache: past read in place, only the new "
                   "K/V rows returned; 2-D hidden -> InnerProduct"))
     out.append(ModuleSpec(
         "lm_head", build=lambda: wrappers.LmHead(model.part(f"{text}.norm"), model.part("lm_head")).eval(),
         inputs=[TensorSpec("h", (1, H))], outputs=[TensorSpec("logits", (1, d["vocab"]))],
+        weights=(f"{text}.norm", "lm_head"),
         notes="final RMSNorm + tied head on the last row only (2-D -> InnerProduct)"))
     return out
 
 
 def module_weight_bytes(model) -> dict[str, int]:
-    """float32 weight bytes each graph carries (read from shapes; no tensor is read)."""
-    d = dims(model)
-    tower, text = "model.audio_tower", "model.language_model"
-    b = model.part_bytes
-    out = {"audio_conv": sum(b(f"{tower}.{n}") for n in ("conv2d1", "conv2d2", "conv2d3", "conv_out"))}
-    out.update({f"audio_layer{i}": b(f"{tower}.layers.{i}") for i in range(d["audio_layers"])})
-    out["audio_head"] = b(f"{tower}.ln_post") + b("model.multi_modal_projector")
-    out["embed"] = b(f"{text}.embed_tokens")
-    for i in range(d["layers"]):
-        out[f"prefill_layer{i}"] = out[f"decode_layer{i}"] = b(f"{text}.layers.{i}")
-    out["lm_head"] = b(f"{text}.norm") + b("lm_head")
-    return out
+    """float32 weight bytes each graph carries, from its declared weights (no tensor is read)."""
+    return weight_bytes(module_specs(model), model.source)
+
+
+def unused_weights(model) -> dict[str, str]:
+    """Checkpoint tensors no graph reads, with why: only the layers ``--layers K`` leaves out."""
+    d, names = dims(model), model.source.names()
+    return {**beyond_layers(names, "model.language_model.layers.{i}", d["layers"]),
+            **beyond_layers(names, "model.audio_tower.layers.{i}", d["audio_layers"])}
 
 
 def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
@@ -181,6 +184,6 @@ def static_reshape_decode_spec(model, past: int, patched: bool) -> ModuleSpec:
                 *kv_specs(d, "past", "past_")],
         outputs=[TensorSpec("hidden", (1, 1, d["hidden"])), *kv_specs(d, "past+1", "")],
         axes={"past": (past, None)}, make_inputs=_decode_inputs(d, d["layers"]),
-        parity_sizes=[{"past": past + 6}, {"past": 3}],
+        parity_sizes=[{"past": past + 6}, {"past": 3}], weights=("model.language_model.layers",),
         patches=[patch] if patched else [],
         single_size_reason="reproduces the public ports' single-length decode trace")

@@ -32,6 +32,9 @@ import numpy as np
 from torch import nn
 
 from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
+from ncnnport.export.weights import beyond_layers, pattern_matches, weight_bytes
+from ncnnport.lazy_weights import TensorsSource, WeightSource
+from ncnnport.models.seedvr2.lazy import TEXT
 from ncnnport.models.seedvr2 import wrappers as W
 from ncnnport.models.seedvr2.config import DiTConfig, SeedVR2Config
 from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
@@ -109,10 +112,40 @@ def spec_parts(cfg: SeedVR2Config) -> dict[str, Parts]:
     return out
 
 
+def graph_weights(parts: Parts) -> tuple[str, ...]:
+    """A ``spec_parts`` entry as the spec's declared weights (source names, prefix patterns)."""
+    root, names = parts
+    return tuple(f"{root}.{n}" for n in names)
+
+
 def module_weight_bytes(model: Any) -> dict[str, int]:
-    """float32 weight bytes each graph holds (from shapes; nothing is read)."""
-    return {name: model.view_bytes(root, parts) if parts else 0
-            for name, (root, parts) in spec_parts(model.config).items()}
+    """float32 weight bytes each graph holds, from the declared weights (nothing is read)."""
+    return weight_bytes(module_specs(model), weight_source(model))
+
+
+def weight_source(model: Any) -> WeightSource:
+    """The lazy model's source, or the tensors of a model built whole under the same names."""
+    if hasattr(model, "source"):
+        return model.source
+    tensors = {f"{root}.{n}": p for root in ("dit", "vae") for n, p in getattr(model, root).named_parameters()}
+    return TensorsSource({**tensors, TEXT: model.text})
+
+
+def unused_weights(model: Any) -> dict[str, str]:
+    """Stored tensors no graph reads, each with why (only those the source holds)."""
+    d = model.config.dit
+    names = weight_source(model).names()
+    out = {TEXT: "the prompt embedding is graph input, not a weight: the host feeds it to dit_input "
+                 "(shipped in the package's runtime files)"}
+    last = d.num_layers - 1
+    if not d.shared_weights(last):  # see block_parts; a K-block cut of a checkpoint also stores
+        # block K-1's text ada/MLP, which the block does not use in the last-block role
+        why = "the last block has no text output and does not modulate text (official)"
+        out.update({f"dit.blocks.{last}.{p}": why for p in ("attn.proj_out.txt", "mlp.txt", "ada.txt")
+                    if any(pattern_matches(n, f"dit.blocks.{last}.{p}") for n in names)})
+    out.update({n: "RoPE frequencies: checked against the config, the host computes the tables"
+                for n in names if n.startswith("dit.") and n.endswith(".freqs")})
+    return {**out, **beyond_layers(names, "dit.blocks.{i}", d.num_layers)}
 
 
 def _built(name: str, module: nn.Module) -> nn.Module:
@@ -143,10 +176,12 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
         ModuleSpec("dit_input", _builder(model, "dit_input", parts["dit_input"], W.DiTInput),
                    [TensorSpec("vid", (1, "n", d.patch_features)), TensorSpec("txt", (1, "l", d.txt_in_dim))],
                    [TensorSpec("vid_h", (1, "n", D)), TensorSpec("txt_h", (1, "l", D))],
-                   axes=dict(axes_nl), parity_sizes=[{"n": 1, "l": 1}, {"n": 450, "l": 58}]),
+                   axes=dict(axes_nl), parity_sizes=[{"n": 1, "l": 1}, {"n": 450, "l": 58}],
+                   weights=graph_weights(parts["dit_input"])),
         ModuleSpec("dit_embedding", _builder(model, "dit_embedding", parts["dit_embedding"], W.DiTEmbedding),
                    [TensorSpec("sinus", (1, d.sinusoidal_dim))], [TensorSpec("emb6", (1, 6, D))],
-                   notes="timestep sinusoid computed on the host; output rows l*3+g"),
+                   notes="timestep sinusoid computed on the host; output rows l*3+g",
+                   weights=graph_weights(parts["dit_embedding"])),
         ModuleSpec("dit_attention", lambda: W.DiTAttention(hd).eval(),
                    [TensorSpec(n, (1, "s", H, hd)) for n in ("q", "k", "v")],
                    [TensorSpec("o", (1, "s", H, hd))], axes={"s": (40, 70)},
@@ -170,6 +205,7 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
              TensorSpec("cos_t", (1, "l", hd)), TensorSpec("sin_t", (1, "l", hd))],
             [TensorSpec(f"{a}_{s}", (1, "n" if s == "v" else "l", H, hd)) for s in ("v", "t") for a in "qkv"],
             axes=dict(axes_nl), make_inputs=pre_inputs, parity_sizes=[{"n": 1, "l": 1}],
+            weights=graph_weights(parts[pre]),
             notes="Q/K channels permuted to rotate-half order (attention logits unchanged)"
                   + ("; last block: text normalised, not modulated" if last else "")))
         if last:
@@ -184,12 +220,13 @@ def dit_specs(model: Any) -> list[ModuleSpec]:
             outs = [TensorSpec("vid_out", (1, "n", D)), TensorSpec("txt_out", (1, "l", D))]
             axes, extra = dict(axes_nl), [{"n": 1, "l": 1}]
         specs.append(ModuleSpec(post, _builder(model, post, parts[post], W.DiTBlockPost), ins, outs, axes=axes,
-                                parity_sizes=extra))
+                                parity_sizes=extra, weights=graph_weights(parts[post])))
     specs.append(ModuleSpec(
         "dit_output", _builder(model, "dit_output", parts["dit_output"], W.DiTOutput),
         [TensorSpec("vid", (1, "n", D)), TensorSpec("emb6", (1, 6, D))],
         [TensorSpec("vid_out", (1, "n", d.vid_out_channels * 4))], axes={"n": (48, 80)},
-        parity_sizes=[{"n": 1}], notes="modulation from the ATTENTION rows of emb (official quirk)"))
+        parity_sizes=[{"n": 1}], notes="modulation from the ATTENTION rows of emb (official quirk)",
+        weights=graph_weights(parts["dit_output"])))
     return specs
 
 
@@ -219,6 +256,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
                                         .astype(np.float32)],
         parity_sizes=[{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 64, "w": 40}],
         release_after_call=True,  # activations: GBs at 512x512, weights 382 MB
+        weights=graph_weights(parts["vae_encode"]),
         patches=[GROUPNORM_STATS_FP32],
         notes="causal 3-D conv folded into one 2-D Convolution (taps -> channels, frames -> rows; "
               "conv_fold.py); per-frame GroupNorm via "
@@ -244,6 +282,7 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
             [TensorSpec("x", (1, cin, "f", "h", "w"))], [TensorSpec("y", (1, cout, "f", "h", "w"), feature_axis=CHANNELS)],
             axes={"f": (a0[0], a1[0]), "h": (a0[1], a1[1]), "w": (a0[2], a1[2])},
             parity_sizes=extra, release_after_call=True, patches=[GROUPNORM_STATS_FP32],
+            weights=graph_weights(parts[name]),
             notes="decoder segment; the host applies depth-to-space"
                   + ("" if last else (" with frame drop" if temporal[k] else " (spatial)")) + " after it"))
     return specs

@@ -28,6 +28,9 @@ from typing import Mapping
 import numpy as np
 
 from ncnnport.contract import GraphVariant, ModuleSpec, TensorSpec
+from ncnnport.export.weights import beyond_layers, weight_bytes
+from ncnnport.lazy_weights import TensorsSource, WeightSource
+from ncnnport.models.youtu_vl.checkpoint import IGNORED_KEYS, TIED_KEY
 from ncnnport.models.youtu_vl import wrappers
 from ncnnport.models.youtu_vl.model import YoutuVL
 from ncnnport.models.youtu_vl.pipeline import DECODE  # the variant name lives with the torch-free pipeline
@@ -37,6 +40,7 @@ from ncnnport.models.youtu_vl.processor import patch_permutation, patch_position
 from ncnnport.runtime import masks
 from ncnnport.runtime.rope import span
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
+from ncnnport.models.youtu_vl.wrappers import TOWER
 
 # patch counts -> a grid with that many patches exercising a window case
 _GRIDS = {64: (8, 8), 216: (12, 18), 680: (34, 20), 256: (2, 128), 4: (2, 2)}
@@ -71,6 +75,7 @@ def _vision_spec(vl: YoutuVL) -> ModuleSpec:
         outputs=[TensorSpec("vision_hidden", (1, "patches", v.hidden_size))],
         axes={"patches": (216, 64)}, make_inputs=make,
         parity_sizes=[{"patches": 680}, {"patches": 256}, {"patches": 4}],
+        weights=(f"{TOWER}.embeddings.patch_embedding", f"{TOWER}.encoder.layers", f"{TOWER}.post_layernorm"),
         notes="patches in window order; host applies argsort(window permutation) afterwards")
 
 
@@ -100,6 +105,9 @@ def _segment_spec(vl: YoutuVL, seg: VisionSegment) -> ModuleSpec:
                 TensorSpec("sin", (1, "patches", v.head_dim))],
         outputs=[TensorSpec("vision_hidden" if seg.last else "hidden_out", (1, "patches", v.hidden_size))],
         axes=axes, make_inputs=make, parity_sizes=extra,
+        weights=tuple(([f"{TOWER}.embeddings.patch_embedding"] if seg.first else [])
+                      + [f"{TOWER}.encoder.layers.{i}" for i in range(seg.start, seg.end)]
+                      + ([f"{TOWER}.post_layernorm"] if seg.last else [])),
         notes=f"vision blocks {seg.start}..{seg.end - 1} ({kind}"
               f"{', run once per window' if seg.windowed else ''})"
               f"{'; starts with the patch embedding' if seg.first else ''}"
@@ -112,7 +120,7 @@ def _merger_spec(vl: YoutuVL) -> ModuleSpec:
         name=MERGER, build=lambda: wrappers.MergerGraph(vl).eval(),
         inputs=[TensorSpec("vision_hidden", (1, "patches", v.hidden_size))],
         outputs=[TensorSpec("visual_tokens", (1, "tokens", v.out_hidden_size))],
-        axes={"patches": (216, 64)}, parity_sizes=[{"patches": 680}, {"patches": 4}],
+        axes={"patches": (216, 64)}, parity_sizes=[{"patches": 680}, {"patches": 4}], weights=("merger",),
         make_inputs=lambda s, rng: [rng.standard_normal((1, s["patches"], v.hidden_size)).astype(np.float32)],
         notes="4 consecutive rows = one 2x2 merge block")
 
@@ -123,7 +131,7 @@ def _embed_spec(vl: YoutuVL) -> ModuleSpec:
         name=EMBED, build=lambda: wrappers.TextEmbedGraph(vl).eval(),
         inputs=[TensorSpec("ids", (1, "seq"), "int32")],
         outputs=[TensorSpec("embeds", (1, "seq", t.hidden_size))],
-        axes={"seq": (17, 5)}, parity_sizes=[{"seq": 1}, {"seq": 300}],
+        axes={"seq": (17, 5)}, parity_sizes=[{"seq": 1}, {"seq": 300}], weights=("model.embed_tokens",),
         make_inputs=lambda s, rng: [rng.integers(0, t.vocab_size, (1, s["seq"])).astype(np.int32)],
         notes="int32 ids (int64 silently selects wrong rows in ncnn)")
 
@@ -164,6 +172,7 @@ def _layer_spec(vl: YoutuVL, i: int) -> ModuleSpec:
         parity_sizes=[{"seq": 1, "past": 1, "total": 2}, {"seq": 1, "past": 40, "total": 41},
                       {"seq": 120, "past": 1, "total": 121}],
         variants=[_decode_variant(({"seq": 1, "past": 1, "total": 2}, {"seq": 1, "past": 40, "total": 41}))],
+        weights=(f"model.layers.{i}",),
         notes="absorbed MLA, latent cache; past row 0 is a masked dummy (prefill uses past=1)")
 
 
@@ -177,6 +186,7 @@ def _head_spec(vl: YoutuVL, shard: HeadShard) -> ModuleSpec:
         outputs=[TensorSpec("logits", (1, 1, rows))],
         make_inputs=lambda s, rng: [rng.standard_normal((1, 1, t.hidden_size)).astype(np.float32)],
         variants=[_decode_variant()],
+        weights=("model.norm", TIED_KEY if whole else f"{TIED_KEY}@{shard.start}:{shard.stop}"),
         notes="final RMSNorm + tied lm_head, last row only" if whole else
               f"final RMSNorm + tied lm_head rows {shard.start}..{shard.stop - 1} (vocab shard)")
 
@@ -197,36 +207,22 @@ def module_specs(vl: YoutuVL, vision_mode: str = "segments") -> list[ModuleSpec]
 
 
 
-
-def module_paths(cfg, vision_mode: str = "segments") -> dict[str, list[str]]:
-    """Graph name -> the submodules whose weights it holds (for sizes; nothing is read), for the
-    same split as :func:`module_specs`."""
-    from ncnnport.models.youtu_vl.wrappers import TOWER
-
-    out: dict[str, list[str]] = {}
-    if vision_mode == "masked":
-        out[VISION] = [TOWER]
-    else:
-        for seg in vision_segments(cfg):
-            out[seg.name] = ([f"{TOWER}.embeddings"] if seg.first else []) + \
-                [f"{TOWER}.encoder.layers.{i}" for i in range(seg.start, seg.end)] + \
-                ([f"{TOWER}.post_layernorm"] if seg.last else [])
-    out[MERGER] = ["merger"]
-    if not cfg.text.tie_word_embeddings:
-        out[EMBED] = ["model.embed_tokens"]
-    for i in range(cfg.text.num_hidden_layers):
-        out[layer_name(i)] = [f"model.layers.{i}"]
-    return out
-
-
 def module_weight_bytes(vl) -> dict[str, int]:
-    """float32 weight bytes per graph, from the source's shapes (``LazyYoutuVL``) or the module."""
-    def nbytes(path: str) -> int:
-        if hasattr(vl, "part_bytes"):
-            return vl.part_bytes(path)
-        return sum(4 * p.numel() for p in vl.get_submodule(path).parameters())
-    sizes = {name: sum(nbytes(p) for p in paths) for name, paths in module_paths(vl.cfg).items()}
-    t = vl.cfg.text
-    for shard in head_shards(vl.cfg):  # the final norm + this shard's rows of the tied table
-        sizes[shard.name] = 4 * t.hidden_size * (1 + shard.stop - shard.start)
-    return sizes
+    """float32 weight bytes per graph, from the declared weights (a head shard counts its rows)."""
+    return weight_bytes(module_specs(vl), weight_source(vl))
+
+
+def weight_source(vl) -> WeightSource:
+    """The lazy model's source, or the tensors of a model built whole (tests build one)."""
+    if hasattr(vl, "source"):
+        return vl.source
+    tied = {TIED_KEY: "model.embed_tokens.weight"} if vl.cfg.text.tie_word_embeddings else {}
+    return TensorsSource(dict(vl.named_parameters()), aliases=tied)
+
+
+def unused_weights(vl) -> dict[str, str]:
+    """Checkpoint tensors no graph reads, with why: the ignored keys the folder holds and the LLM
+    layers ``--layers K`` leaves out."""
+    names = weight_source(vl).names()
+    out = {k: why for k, why in IGNORED_KEYS.items() if k in names}
+    return {**out, **beyond_layers(names, "model.layers.{i}", vl.cfg.text.num_hidden_layers)}
