@@ -148,7 +148,7 @@ def test_rows_equal_the_python_verify_on_a_bit_exact_graph_with_changed_referenc
     embed = sorted(k for k in cpp_rows if k.startswith("embed["))
     assert len(embed) == 2
     assert {k: cpp_rows[k] for k in embed} == {k: py_rows[k] for k in embed}
-    assert [cpp_rows[k][0] for k in embed] == ["PASS", "FAIL"] or [cpp_rows[k][0] for k in embed] == ["FAIL", "PASS"]
+    assert sorted(cpp_rows[k][0] for k in embed) == ["FAIL", "PASS"]  # case0 fails, case1 passes
 
 
 def test_gates_are_the_spec_gates(cpp_exe, package, tmp_path):
