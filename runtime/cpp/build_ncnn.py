@@ -44,15 +44,34 @@ HERE = Path(__file__).resolve().parent
 LAYERS_FILE = HERE / "ncnn_layers.txt"
 STAMP = "ncnnport-build.json"
 APT_PACKAGES = ("cmake", "g++", "make", "pkg-config", "nlohmann-json3-dev", "libssl-dev", "libpcre2-dev",
-                "libicu-dev", "libpng-dev", "libjpeg-dev", "libsndfile1-dev", "libsoxr-dev", "libfftw3-dev")
-# x86 ISA copies ncnn compiles for runtime dispatch. "avx2" keeps what every x86-64 server since
+                "libicu-dev", "libzip-dev", "libpng-dev", "libjpeg-dev", "libsndfile1-dev", "libsoxr-dev",
+                "libfftw3-dev")
+# Cross targets: a CMake toolchain file under runtime/cpp/toolchains/, the Debian cross compiler,
+# the target's -dev packages from Debian multiarch (`dpkg --add-architecture`: the same library
+# versions as the host's, no hand-built sysroot) and qemu-user to run what was built.
+CROSS_TARGETS = {
+    "aarch64": {"toolchain": "aarch64-linux-gnu.cmake", "cxx": "aarch64-linux-gnu-g++", "dpkg_arch": "arm64",
+                "apt": ("g++-aarch64-linux-gnu", "qemu-user", "nlohmann-json3-dev", "libssl-dev:arm64",
+                        "libpcre2-dev:arm64", "libicu-dev:arm64", "libzip-dev:arm64", "libpng-dev:arm64",
+                        "libjpeg-dev:arm64", "libsndfile1-dev:arm64", "libsoxr-dev:arm64", "libfftw3-dev:arm64")},
+}
+TARGETS = ("host", *CROSS_TARGETS)
+TOOLCHAINS = HERE / "toolchains"
+# ISA copies ncnn compiles for runtime dispatch. "avx2" (x86) keeps what every x86-64 server since
 # Haswell dispatches to for fp32/fp16 (the FMA copy, built with -mfma -mf16c) and drops the rest.
+# "armv82" (aarch64) keeps NEON (always on: aarch64's baseline) and the Armv8.2 fp16 copy (asimdhp:
+# what fp16 storage/arithmetic use on phones and Graviton 2+), and drops the int8 dot-product,
+# bf16-dot, i8mm and SVE copies: the packages run fp32/fp16/bf16 storage, never int8 or SVE kernels.
 ISA_OFF = {
     "avx2": ("NCNN_FMA4", "NCNN_XOP", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8", "NCNN_AVXVNNIINT16",
              "NCNN_AVXNECONVERT", "NCNN_AVX512", "NCNN_AVX512VNNI", "NCNN_AVX512BF16",
              "NCNN_AVX512FP16"),
     "all": (),
+    "armv82": ("NCNN_ARM82DOT", "NCNN_ARM82FP16FML", "NCNN_ARM84BF16", "NCNN_ARM84I8MM", "NCNN_ARM86SVE",
+               "NCNN_ARM86SVE2", "NCNN_ARM86SVEBF16", "NCNN_ARM86SVEI8MM", "NCNN_ARM86SVEF32MM"),
 }
+# The ISA sets each target may build (the first is its default).
+TARGET_ISAS = {"host": ("avx2", "all"), "aarch64": ("armv82", "all")}
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DNCNN_SHARED_LIB=OFF", "-DNCNN_BUILD_TOOLS=OFF",
     "-DNCNN_BUILD_EXAMPLES=OFF", "-DNCNN_BUILD_BENCHMARK=OFF", "-DNCNN_BUILD_TESTS=OFF",
@@ -92,6 +111,11 @@ def read_layer_list(path: Path = LAYERS_FILE) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # apt
 
+def apt_packages(target: str = "host") -> tuple[str, ...]:
+    """The Debian packages a build for ``target`` needs (host builds: the host's alone)."""
+    return APT_PACKAGES if target == "host" else APT_PACKAGES + CROSS_TARGETS[target]["apt"]
+
+
 def missing_apt_packages(packages: tuple[str, ...] = APT_PACKAGES) -> list[str]:
     """Debian packages not installed (dpkg-query); every one of them when dpkg is absent."""
     missing = []
@@ -103,9 +127,10 @@ def missing_apt_packages(packages: tuple[str, ...] = APT_PACKAGES) -> list[str]:
     return missing
 
 
-def ensure_apt_packages() -> None:
-    """Install missing build packages the way CI must: ``apt-get update`` then ``install -y``."""
-    missing = missing_apt_packages()
+def ensure_apt_packages(target: str = "host") -> None:
+    """Install missing build packages the way CI must: ``apt-get update`` then ``install -y``
+    (a cross target first adds its Debian architecture, so its ``:arch`` -dev packages exist)."""
+    missing = missing_apt_packages(apt_packages(target))
     if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -113,7 +138,10 @@ def ensure_apt_packages() -> None:
                          f"apt-get install -y {' '.join(missing)}")
     log(f"apt-get install -y {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+    cmds = [["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]]
+    if target != "host":
+        cmds.insert(0, ["dpkg", "--add-architecture", CROSS_TARGETS[target]["dpkg_arch"]])
+    for cmd in cmds:
         if subprocess.run(cmd, env=env, stdout=sys.stderr, check=False).returncode != 0:
             raise BuildError(f"{' '.join(cmd)} failed")
 
@@ -121,9 +149,10 @@ def ensure_apt_packages() -> None:
 # ---------------------------------------------------------------------------------------------
 # options and cache key
 
-def compiler_id() -> str:
-    """First line of ``c++ --version``: a compiler upgrade is a different cache entry."""
-    cxx = os.environ.get("CXX", "c++")
+def compiler_id(target: str = "host") -> str:
+    """First line of ``c++ --version`` (the target's cross compiler for a cross build): a compiler
+    upgrade is a different cache entry."""
+    cxx = os.environ.get("CXX", "c++") if target == "host" else CROSS_TARGETS[target]["cxx"]
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     except FileNotFoundError:
@@ -131,17 +160,42 @@ def compiler_id() -> str:
     return out.splitlines()[0] if out else "unknown"
 
 
-def build_options(layers: list[str], vulkan: bool, isa: str) -> dict:
-    """Everything that changes the installed library; its hash names the cache folder."""
-    if isa not in ISA_OFF:
-        raise BuildError(f"--isa {isa}: choose one of {', '.join(sorted(ISA_OFF))}")
+def toolchain_file(target: str) -> Path:
+    """The CMake toolchain file of a cross target."""
+    if target not in CROSS_TARGETS:
+        raise BuildError(f"--target {target}: choose one of {', '.join(TARGETS)}")
+    path = TOOLCHAINS / CROSS_TARGETS[target]["toolchain"]
+    if not path.is_file():
+        raise BuildError(f"{path}: toolchain file missing")
+    return path
+
+
+def default_isa(target: str) -> str:
+    return TARGET_ISAS[target][0]
+
+
+def build_options(layers: list[str], vulkan: bool, isa: str, target: str = "host") -> dict:
+    """Everything that changes the installed library; its hash names the cache folder.
+
+    A host build's options have no target keys, so the x86 cache entries made before cross
+    targets existed keep their names; a cross build adds the target and its toolchain file's
+    sha256 (an edited toolchain is a different library)."""
+    if target not in TARGET_ISAS:
+        raise BuildError(f"--target {target}: choose one of {', '.join(TARGETS)}")
+    if isa not in TARGET_ISAS[target]:
+        raise BuildError(f"--isa {isa}: for target {target} choose one of {', '.join(TARGET_ISAS[target])}")
     # ncnn's CMakeLists stamps the build date as its version unless NCNN_VERSION is given: pin it
     # to the release, so ncnn_version() says 1.0.20261020 and two builds are the same library.
     cmake_args = [*BASE_CMAKE_ARGS, f"-DNCNN_VERSION={NCNN_VERSION.rsplit('.', 1)[1]}",
                   f"-DNCNN_VULKAN={'ON' if vulkan else 'OFF'}",
                   *(f"-D{opt}=OFF" for opt in ISA_OFF[isa])]
-    return {"version": NCNN_VERSION, "sdist_sha256": SDIST_SHA256, "layers": layers,
-            "vulkan": vulkan, "isa": isa, "cmake_args": cmake_args, "compiler": compiler_id()}
+    options = {"version": NCNN_VERSION, "sdist_sha256": SDIST_SHA256, "layers": layers,
+               "vulkan": vulkan, "isa": isa, "cmake_args": cmake_args, "compiler": compiler_id(target)}
+    if target != "host":
+        toolchain = toolchain_file(target)
+        options.update(target=target, toolchain_sha256=sha256_of(toolchain),
+                       cmake_args=[*cmake_args, f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"])
+    return options
 
 
 def options_hash(options: dict) -> str:
@@ -149,7 +203,9 @@ def options_hash(options: dict) -> str:
 
 
 def install_dir(options: dict) -> Path:
-    return cache_root() / f"ncnn-{options['version']}-{options_hash(options)}"
+    """``ncnn-<version>-<hash>`` for the host, ``ncnn-<version>-<target>-<hash>`` for a cross target."""
+    target = f"{options['target']}-" if "target" in options else ""
+    return cache_root() / f"ncnn-{options['version']}-{target}{options_hash(options)}"
 
 
 def cached(prefix: Path, options: dict) -> bool:
@@ -340,7 +396,11 @@ def build(options: dict, jobs: int) -> Path:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vulkan", action="store_true", help="build the Vulkan backend (bundled glslang, simplevk)")
-    ap.add_argument("--isa", default="avx2", choices=sorted(ISA_OFF), help="x86 runtime-dispatch copies to build")
+    ap.add_argument("--target", default="host", choices=TARGETS,
+                    help="host, or a cross target built with its toolchain file (aarch64: Debian's g++-aarch64-linux-gnu)")
+    ap.add_argument("--isa", default=None, choices=sorted(ISA_OFF),
+                    help="runtime-dispatch copies to build (default: avx2 on the host, armv82 on aarch64)")
+    ap.add_argument("--print-toolchain", action="store_true", help="print the target's CMake toolchain file and exit")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (default 2)")
     ap.add_argument("--print-prefix", action="store_true", help="print the install folder and exit")
     ap.add_argument("--no-apt", action="store_true", help="do not install missing Debian packages")
@@ -350,9 +410,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.print_toolchain:
+            print(toolchain_file(args.target))
+            return 0
         if not args.no_apt:
-            ensure_apt_packages()
-        options = build_options(read_layer_list(), args.vulkan, args.isa)
+            ensure_apt_packages(args.target)
+        options = build_options(read_layer_list(), args.vulkan, args.isa or default_isa(args.target), args.target)
         prefix = install_dir(options)
         if args.print_prefix:
             print(prefix)

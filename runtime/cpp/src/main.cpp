@@ -7,8 +7,12 @@
 //   ncnnport-cpp tokenize TOKENIZER.json --decode [--keep-special]
 //                                              ids (whitespace separated) on stdin -> text
 //   ncnnport-cpp version                        ncnn version linked in
+//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]
+//                                              manifest + every graph's golden vectors through
+//                                              ncnn::Net, judged as `ncnnport verify` judges
 //
-// Exit codes: 0 ok, 1 check found problems or input was refused, 2 usage.
+// Exit codes: 0 ok, 1 check found problems, a golden row failed or input was refused, 2 usage
+// or (verify) a package that cannot be judged.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -17,6 +21,9 @@
 #include <vector>
 
 #include "ncnnport/bpe_tokenizer.h"
+#ifdef NCNNPORT_WITH_NCNN
+#include "ncnnport/golden_verify.h"
+#endif
 #include "ncnnport/manifest.h"
 #include "ncnnport/sha256.h"
 
@@ -29,7 +36,8 @@ namespace {
 int usage() {
     std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
                  "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
-                 "       ncnnport-cpp version\n";
+                 "       ncnnport-cpp version\n"
+                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]\n";
     return 2;
 }
 
@@ -99,6 +107,58 @@ int cmd_version() {
 #endif
 }
 
+#ifdef NCNNPORT_WITH_NCNN
+// Parse `PACKAGE [--threads N] [--vulkan]`; false on a usage error.
+bool parse_verify_args(const std::vector<std::string>& args, std::string& package, ncnnport::VerifyOptions& opts) {
+    for (size_t i = 0; i < args.size(); ++i) {
+        if (args[i] == "--vulkan") {
+            opts.vulkan = true;
+        } else if (args[i] == "--threads" && i + 1 < args.size()) {
+            size_t used = 0;
+            try {
+                opts.threads = std::stoi(args[++i], &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != args[i].size() || opts.threads < 1) return false;
+        } else if (package.empty() && args[i].rfind("--", 0) != 0) {
+            package = args[i];
+        } else {
+            return false;
+        }
+    }
+    return !package.empty();
+}
+#endif
+
+// `verify`: the pass/fail table on stdout; exit 1 on a failed row, 2 on a package that cannot
+// be judged (one line on stderr naming the file, module or blob).
+int cmd_verify(const std::vector<std::string>& args) {
+#ifdef NCNNPORT_WITH_NCNN
+    std::string package;
+    ncnnport::VerifyOptions opts;
+    if (!parse_verify_args(args, package, opts)) return usage();
+    try {
+        const ncnnport::VerifyResult result = ncnnport::verify_goldens(package, opts);
+        std::cout << "## verify " << package << " (" << ncnnport::options_label(opts) << "; judged as "
+                  << (opts.vulkan ? "vulkan_fp32" : "fp32") << "; " << (opts.vulkan ? "Vulkan" : "CPU") << ")\n"
+                  << ncnnport::verify_table(result);
+        return result.passed() ? 0 : 1;
+    } catch (const ncnnport::BadPackage& e) {
+        std::cerr << "verify: " << e.what() << "\n";
+    } catch (const std::invalid_argument& e) {
+        std::cerr << "verify: " << e.what() << "\n";
+    } catch (const ncnnport::IoError& e) {
+        std::cerr << "verify: " << e.what() << "\n";
+    }
+    return 2;
+#else
+    (void)args;
+    std::cerr << "built without ncnn\n";
+    return 2;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +168,8 @@ int main(int argc, char** argv) {
         if (args.size() >= 2 && args[0] == "tokenize")
             return cmd_tokenize(std::vector<std::string>(args.begin() + 1, args.end()));
         if (args.size() == 1 && args[0] == "version") return cmd_version();
+        if (args.size() >= 2 && args[0] == "verify")
+            return cmd_verify(std::vector<std::string>(args.begin() + 1, args.end()));
         return usage();
     } catch (const ncnnport::TokenizerError& e) {
         std::cerr << e.what() << "\n";

@@ -1,0 +1,56 @@
+// verify_goldens: the C++ twin of `ncnnport verify`'s manifest and golden-vector checks.
+//
+// Why: a deployer runs the C++ runtime, not the Python loop, so the package's golden vectors
+// (golden/<graph>.npz: the inputs each graph was traced at and what PyTorch computed) must be
+// checked through the same ncnn::Net calls the executables make, and judged by the same numbers
+// as ncnnport/drivers/verify.py: on the CPU in fp32 each output's gate is its spec's
+// `tolerances[output]` (else `tolerances["*"]`, else the fp32 default 0.999999 / 1e-4 / 1e-6),
+// which convert writes from the packaged policy.json's fp32 gates; the metrics are
+// ncnnport.metrics.compare/judge (cosine and worst-row cosine along the output's feature axis,
+// max_abs against max(max_abs_rel x max|ref|, max_abs_floor), NaN/Inf always fail).
+#pragma once
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ncnnport {
+
+// A package that cannot be judged (unreadable npz, a spec or golden file that does not fit,
+// a graph ncnn cannot load): one line naming the file / module / blob. `ncnnport-cpp verify`
+// exits 2 on it; a judged failure is a failed row (exit 1) instead.
+class BadPackage : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct VerifyOptions {
+    int threads = 1;
+    bool vulkan = false;  // needs a Vulkan build; refused (BadPackage-free usage error) otherwise
+};
+
+struct VerifyRow {
+    std::string kind;    // manifest | versions | golden
+    std::string name;    // manifest.json, ncnn, or "<graph>[axis=n,...]"
+    bool passed = false;
+    std::string detail;
+};
+
+struct VerifyResult {
+    std::vector<VerifyRow> rows;
+    bool passed() const;
+};
+
+// Manifest (sizes + sha256; a mismatch stops there: nothing of a tampered package runs), the
+// ncnn version the package was built with (a warning row), then every graph of specs/ on its
+// golden cases. Throws BadPackage (see above) and std::invalid_argument for unusable options.
+VerifyResult verify_goldens(const std::filesystem::path& package, const VerifyOptions& options);
+
+// The Markdown pass/fail table `ncnnport verify` prints, with its "N passed, M failed" line.
+std::string verify_table(const VerifyResult& result);
+
+// "fp32/t1" (+ "/vulkan"): the options label ncnnport's RuntimeOptions prints.
+std::string options_label(const VerifyOptions& options);
+
+}  // namespace ncnnport
