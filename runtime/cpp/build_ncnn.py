@@ -192,10 +192,18 @@ def build_options(layers: list[str], vulkan: bool, isa: str, target: str = "host
     options = {"version": NCNN_VERSION, "sdist_sha256": SDIST_SHA256, "layers": layers,
                "vulkan": vulkan, "isa": isa, "cmake_args": cmake_args, "compiler": compiler_id(target)}
     if target != "host":
-        toolchain = toolchain_file(target)
-        options.update(target=target, toolchain_sha256=sha256_of(toolchain),
-                       cmake_args=[*cmake_args, f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"])
+        # the toolchain by content, not by path: a key holding the checkout's location would
+        # miss the cache from every other clone (CI clones afresh)
+        options.update(target=target, toolchain_sha256=sha256_of(toolchain_file(target)))
     return options
+
+
+def configure_args(options: dict) -> list[str]:
+    """The key's CMake arguments plus the toolchain file of a cross target (from this checkout)."""
+    args = list(options["cmake_args"])
+    if "target" in options:
+        args.append(f"-DCMAKE_TOOLCHAIN_FILE={toolchain_file(options['target'])}")
+    return args
 
 
 def options_hash(options: dict) -> str:
@@ -376,7 +384,7 @@ def build(options: dict, jobs: int) -> Path:
         # Install prefix = the final folder, staged with DESTDIR: installed cmake files that
         # hold absolute paths (bundled glslang with Vulkan) stay right after the rename.
         run_logged(["cmake", "-S", str(src), "-B", str(bld), f"-DCMAKE_INSTALL_PREFIX={prefix}",
-                    *options["cmake_args"], *layer_cmake_args(src, keep)], log_path)
+                    *configure_args(options), *layer_cmake_args(src, keep)], log_path)
         run_logged(["cmake", "--build", str(bld), "-j", str(jobs)], log_path)
         staged = tmp / "stage"
         env_cmd = ["env", f"DESTDIR={staged}", "cmake", "--install", str(bld)]
