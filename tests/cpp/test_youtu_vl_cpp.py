@@ -23,6 +23,16 @@ EXE = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp")) / "ncnn
 NEW_TOKENS = 128
 
 
+def test_port_names_the_executable_and_its_cases():
+    from ncnnport.models.youtu_vl import cpp_cases
+    from ncnnport.models.youtu_vl.port import PORT
+
+    assert PORT.cpp_executable == "ncnnport-youtu-vl"
+    argv = cpp_cases.executable_argv(Path("pkg"), None, "hi", 9)
+    assert "--image" not in argv and argv[argv.index("--max-new-tokens") + 1] == "9"
+    assert cpp_cases.executable_argv(Path("pkg"), Path("/x.png"), "hi", 9)[-2:] == ["--image", "/x.png"]
+
+
 # ---------------------------------------------------------------------------------------------
 # the executable on a tiny package (slow: builds and converts)
 
@@ -161,3 +171,19 @@ def test_bad_inputs_are_one_line_exit_2(exe, package, images, tmp_path):
         res = run_cpp(exe, pkg, "--image", str(image), "--prompt", "hi", "--json-out", str(tmp_path / "o.json"))
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], (needle, res.stderr)
+
+
+@pytest.mark.slow
+def test_parity_runtime_cpp_rows(exe, package, images, monkeypatch):
+    from ncnnport.drivers import cpp_parity
+    from ncnnport.stages import prepare
+    from ncnnport.targets import Target
+
+    monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(exe.parent))
+    prep = prepare(Target("youtu-vl", "tiny", None, package.parents[2]))
+    rotated = images["jpeg_exif8"][0]
+    summary = cpp_parity.run_cpp_parity(prep, package, user_inputs=[rotated])
+    assert summary["runtime"] == "cpp" and summary["gates_passed"], [r for r in summary["e2e"] if not r["passed"]]
+    assert all(r["runtime"] == "cpp" for r in summary["e2e"])
+    fixtures = {r["fixture"] for r in summary["e2e"]}
+    assert {"text_only", "six_windows", f"input:{rotated.name}"} <= fixtures
