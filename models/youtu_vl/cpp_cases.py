@@ -10,23 +10,22 @@ through their own decoders and processors. Every side stops at EOS, as ``run`` d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from ncnnport.registry import CppCase, E2EContext
 
 USER_PROMPT = "Describe this image."  # the prompt port.e2e_parity gives ``--input`` images
 
 
-def fixture_files(ctx: E2EContext, workdir: Path) -> list[tuple[str, Path | None, str]]:
+def fixture_files(ctx: E2EContext, workdir: Path, real_fixtures: Collection[str]) -> list[tuple[str, Path | None, str]]:
     """(fixture name, image file or None for text-only, prompt) for every fixture and user input;
-    the real preset keeps the fixtures ``e2e_parity`` keeps there."""
+    the real preset keeps only ``real_fixtures`` (the port's ``REAL_FIXTURES``, as e2e_parity)."""
     from ncnnport.models.youtu_vl.fixtures import FIXTURES
-    from ncnnport.models.youtu_vl.port import REAL_FIXTURES
 
     workdir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, Path | None, str]] = []
     for fx in FIXTURES:
-        if ctx.loaded.preset == "real" and fx.name not in REAL_FIXTURES:
+        if ctx.loaded.preset == "real" and fx.name not in real_fixtures:
             continue
         image = fx.image()
         path = None
@@ -56,7 +55,7 @@ def reference_run(vl: Any, tokenizer: Any, image: Path | None, prompt: str, max_
     return reference_generate(vl, ids, processed, max_new_tokens, stop_at_eos=True)
 
 
-def cases(ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[CppCase]:
+def cases(ctx: E2EContext, workdir: Path, max_new_tokens: int, real_fixtures: Collection[str]) -> list[CppCase]:
     """Every input run on the package loop over ``ctx.ncnn_modules`` and on the torch reference."""
     from ncnnport.fsutil import read_json
     from ncnnport.models.youtu_vl import packaged
@@ -67,7 +66,7 @@ def cases(ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[CppCase]:
     tokenizer = packaged.packaged_tokenizer(package, model_json)
     vl = ctx.loaded.reference
     out = []
-    for name, image, prompt in fixture_files(ctx, workdir):
+    for name, image, prompt in fixture_files(ctx, workdir, real_fixtures):
         ours = packaged.generate_ids(ctx.ncnn_modules, cfg, tokenizer, prompt, image, max_new_tokens)
         ref = reference_run(vl, ctx.loaded.extra["tokenizer"], image, prompt, max_new_tokens)
         out.append(CppCase(fixture=name, argv=executable_argv(package, image, prompt, max_new_tokens),

@@ -172,7 +172,7 @@ class YoutuVLPort(KitPort):
 
     def cpp_cases(self, ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[Any]:
         from ncnnport.models.youtu_vl import cpp_cases
-        return cpp_cases.cases(ctx, workdir, max_new_tokens)
+        return cpp_cases.cases(ctx, workdir, max_new_tokens, REAL_FIXTURES)
 
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:

@@ -33,6 +33,24 @@ def test_port_names_the_executable_and_its_cases():
     assert cpp_cases.executable_argv(Path("pkg"), Path("/x.png"), "hi", 9)[-2:] == ["--image", "/x.png"]
 
 
+def test_fixture_files_follow_e2e_parity_per_preset(tmp_path):
+    from types import SimpleNamespace
+
+    from ncnnport.models.youtu_vl import cpp_cases
+    from ncnnport.models.youtu_vl.fixtures import FIXTURES
+    from ncnnport.models.youtu_vl.port import REAL_FIXTURES
+
+    def names(preset, inputs=()):
+        ctx = SimpleNamespace(loaded=SimpleNamespace(preset=preset), user_inputs=list(inputs))
+        return cpp_cases.fixture_files(ctx, tmp_path / preset, REAL_FIXTURES)
+
+    tiny = names("tiny", [tmp_path / "mine.jpg"])
+    assert [n for n, _, _ in tiny] == [f.name for f in FIXTURES] + ["input:mine.jpg"]
+    assert all((p is None) == (n == "text_only") for n, p, _ in tiny[:-1])
+    assert all(p.is_file() for _, p, _ in tiny[:-1] if p is not None)
+    assert sorted(n for n, _, _ in names("real")) == sorted(REAL_FIXTURES)
+
+
 # ---------------------------------------------------------------------------------------------
 # the executable on a tiny package (slow: builds and converts)
 

@@ -296,10 +296,12 @@ std::vector<float> Vl::embed(const std::vector<int>& ids) {
 }
 
 std::vector<float> Vl::head_logits(const std::vector<float>& last_hidden) {
+    const ncnn::Mat input = rows_mat(last_hidden.data(), 1, info_.hidden);
     std::vector<float> logits;
     for (const auto& name : heads_) {
-        const Tensor part = graph(name).run({rows_mat(last_hidden.data(), 1, info_.hidden)})[0];
-        logits.insert(logits.end(), part.data.begin(), part.data.end());
+        Tensor part = std::move(graph(name).run({input})[0]);
+        if (logits.empty()) logits = std::move(part.data);  // one head: no second copy of V floats
+        else logits.insert(logits.end(), part.data.begin(), part.data.end());
     }
     if (logits.size() != static_cast<size_t>(info_.vocab))
         throw GraphError("head graphs gave " + std::to_string(logits.size()) + " logits, dims.vocab is " + std::to_string(info_.vocab));
