@@ -167,6 +167,13 @@ class YoutuVLPort(KitPort):
         streamer.end()
         return 0
 
+    # --- the C++ runtime ------------------------------------------------------------------------
+    cpp_executable = "ncnnport-youtu-vl"
+
+    def cpp_cases(self, ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[Any]:
+        from ncnnport.models.youtu_vl import cpp_cases
+        return cpp_cases.cases(ctx, workdir, max_new_tokens, REAL_FIXTURES)
+
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         from ncnnport.models.youtu_vl.describe import describe
