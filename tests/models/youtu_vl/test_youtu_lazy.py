@@ -168,7 +168,7 @@ def test_split_head_gives_the_same_logits_and_embedding_rows(tmp_path, monkeypat
     ids = np.array([5, 100, 128000, 99999, 128265, 7])
     rows = with_tied_embedding(mods)[EMBED_NAME].run([ids.astype(np.int32)[None]])[0][0]
     np.testing.assert_array_equal(rows, vl.embed(ids))
-    logits = forward_llm(mods, rows, LatentCache.empty(vl.cfg), vl.cfg)
+    logits = forward_llm(mods, rows, LatentCache.empty(vl.cfg, len(rows)), vl.cfg)
     with torch.no_grad():
         ref = vl.llm(inputs_embeds=torch.from_numpy(rows)[None]).logits[0, -1].numpy()
     assert logits.shape == ref.shape

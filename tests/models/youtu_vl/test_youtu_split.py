@@ -86,10 +86,11 @@ def test_dummy_cache_row_is_invisible(tiny, runners):
     vl, _ = tiny
     rng = np.random.default_rng(0)
     emb = rng.standard_normal((9, vl.cfg.text.hidden_size)).astype(np.float32)
-    a = forward_llm(runners, emb, LatentCache.empty(vl.cfg), vl.cfg)
-    noisy = LatentCache.empty(vl.cfg)
-    noisy.latent = [rng.standard_normal(x.shape).astype(np.float32) * 10 for x in noisy.latent]
-    noisy.krot = [rng.standard_normal(x.shape).astype(np.float32) * 10 for x in noisy.krot]
+    a = forward_llm(runners, emb, LatentCache.empty(vl.cfg, 9), vl.cfg)
+    noisy = LatentCache.empty(vl.cfg, 9)
+    for i in range(vl.cfg.text.num_hidden_layers):
+        for view in noisy.past(i):  # the dummy row, written through the cache's own views
+            view[...] = rng.standard_normal(view.shape).astype(np.float32) * 10
     b = forward_llm(runners, emb, noisy, vl.cfg)
     np.testing.assert_array_equal(a, b)
 
@@ -99,12 +100,12 @@ def test_chunked_prefill_equals_one_shot(tiny, runners):
     vl, _ = tiny
     rng = np.random.default_rng(1)
     emb = rng.standard_normal((12, vl.cfg.text.hidden_size)).astype(np.float32)
-    one = forward_llm(runners, emb, LatentCache.empty(vl.cfg), vl.cfg)
-    cache = LatentCache.empty(vl.cfg)
+    one = forward_llm(runners, emb, LatentCache.empty(vl.cfg, 12), vl.cfg)
+    cache = LatentCache.empty(vl.cfg, 12)
     forward_llm(runners, emb[:5], cache, vl.cfg)
     forward_llm(runners, emb[5:11], cache, vl.cfg)
     two = forward_llm(runners, emb[11:], cache, vl.cfg)
-    assert cache.seen == 12 and cache.latent[0].shape[1] == 13
+    assert cache.seen == 12 and cache.past(0)[0].shape[2] == 13
     np.testing.assert_allclose(one, two, atol=2e-5, rtol=0)
 
 
