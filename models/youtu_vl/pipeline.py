@@ -57,8 +57,8 @@ def head_shards(cfg: YoutuVLConfig, max_bytes: int | None = None) -> list[HeadSh
 
     Why aligned: ncnn's x86 InnerProduct (the ``decode`` variant, the only fp16-weight path) packs
     its outputs by 16/8/4 only when ``num_output`` divides; otherwise every output row is a
-    single dependent FMA chain (measured on one 2560-wide shard, 1 thread, fp16 weights: 47231
-    rows 60 ms, 47232 rows 47 ms). Equal shards of Youtu-VL's 283386 rows had 47231 rows each."""
+    single dependent FMA chain (measured on one 2560-wide shard, 1 thread, fp16 weights, interleaved:
+    47231 rows 1.35x the time of 47232). Equal shards of Youtu-VL's 283386 rows had 47231 rows each."""
     max_bytes = HEAD_SHARD_BYTES if max_bytes is None else max_bytes
     t = cfg.text
     n = -(-4 * t.vocab_size * t.hidden_size // max_bytes)
