@@ -6,7 +6,8 @@ the returned Mat and back in: per-token cost grows with the cache length. Here d
 return only the new token's K/V rows; this class writes them at the current length of buffers
 sized once for the whole generation, and graphs read the past as views of those buffers.
 
-Layout, per layer and per K/V: ``[heads, capacity, head_dim]``. The first ``length`` rows of
+Layout, per layer and per K/V: ``[heads, capacity, head_dim]`` (V: ``value_dim`` when it
+differs, e.g. Youtu-VL's MLA caches a 512-wide latent and a 64-wide rope key per position). The first ``length`` rows of
 every head (a view ``[1, heads, length, head_dim]``) are contiguous per head and ``capacity *
 head_dim`` apart between heads: exactly an ncnn Mat with ``cstep = capacity * head_dim``, so
 :func:`ncnnport.runtime.zero_copy.ncnn_view` hands them to ncnn as a Mat header over the same
@@ -50,18 +51,22 @@ def _allocate(heads: int, capacity: int, head_dim: int) -> tuple[object | None, 
 class PreallocatedKVCache:
     """K and V of ``layers`` layers, ``heads`` x ``head_dim`` per position, up to ``capacity``."""
 
-    def __init__(self, layers: int, heads: int, head_dim: int, capacity: int, *, owner: str = "decoder") -> None:
-        for name, value in (("layers", layers), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity)):
+    def __init__(self, layers: int, heads: int, head_dim: int, capacity: int, *, owner: str = "decoder",
+                 value_dim: int | None = None) -> None:
+        value_dim = head_dim if value_dim is None else value_dim
+        for name, value in (("layers", layers), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity),
+                            ("value_dim", value_dim)):
             if int(value) != value or value < 1:
                 raise CacheError(f"{owner}: KV cache {name} must be a positive integer, got {value!r}")
         self.layers, self.heads, self.head_dim, self.capacity = int(layers), int(heads), int(head_dim), int(capacity)
+        self.value_dim = int(value_dim)
         self.owner = owner
         self._owners: list[object | None] = []
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
         for _ in range(self.layers):
-            for store in (self._k, self._v):
-                mat, view = _allocate(self.heads, self.capacity, self.head_dim)
+            for store, width in ((self._k, self.head_dim), (self._v, self.value_dim)):
+                mat, view = _allocate(self.heads, self.capacity, width)
                 self._owners.append(mat)
                 store.append(view)
         self.length = 0
@@ -96,17 +101,17 @@ class PreallocatedKVCache:
         if layer in self._pending:
             raise CacheError(f"{self.owner}: layer {layer} already wrote {self._pending[layer]} row(s) at "
                              f"length {self.length}; commit() or discard() first")
-        want = (1, self.heads, None, self.head_dim)
-        for name, t in (("K", k), ("V", v)):
+        for name, t, width in (("K", k, self.head_dim), ("V", v, self.value_dim)):
+            want = (1, self.heads, None, width)
             if not isinstance(t, np.ndarray) or t.ndim != 4 or any(
                     w is not None and w != s for w, s in zip(want, t.shape)):
                 shape = getattr(t, "shape", type(t).__name__)
                 raise CacheError(f"{self.owner}: layer {layer} {name} has shape {shape}, expected "
-                                 f"[1, {self.heads}, n, {self.head_dim}]")
+                                 f"[1, {self.heads}, n, {width}]")
             if t.dtype != np.float32:
                 raise CacheError(f"{self.owner}: layer {layer} {name} has dtype {t.dtype}, expected float32")
-        if k.shape != v.shape:
-            raise CacheError(f"{self.owner}: layer {layer} K {k.shape} and V {v.shape} differ")
+        if k.shape[2] != v.shape[2]:
+            raise CacheError(f"{self.owner}: layer {layer} K {k.shape} and V {v.shape} differ in row count")
         n = k.shape[2]
         if n < 1:
             raise CacheError(f"{self.owner}: layer {layer} wrote no rows")
@@ -144,7 +149,7 @@ class PreallocatedKVCache:
         return sum(a.nbytes for a in self._k + self._v)
 
     def used_bytes(self) -> int:
-        return 2 * self.layers * self.heads * self.length * self.head_dim * 4
+        return self.layers * self.heads * self.length * (self.head_dim + self.value_dim) * 4
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.layers:
@@ -152,4 +157,4 @@ class PreallocatedKVCache:
 
     def __repr__(self) -> str:
         return (f"PreallocatedKVCache({self.owner!r}, layers={self.layers}, heads={self.heads}, "
-                f"head_dim={self.head_dim}, length={self.length}/{self.capacity})")
+                f"head_dim={self.head_dim}, value_dim={self.value_dim}, length={self.length}/{self.capacity})")

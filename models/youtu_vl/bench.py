@@ -16,13 +16,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ncnnport.models.youtu_vl.fixtures import synthetic_image
-from ncnnport.models.youtu_vl.pipeline import (EMBED, decode_runners, encode_image, head_logits, head_shards,
-                                               layer_name)
+from ncnnport.models.youtu_vl.pipeline import (EMBED, LatentCache, decode_runners, encode_image, forward_layers,
+                                               head_logits, head_shards, layer_name)
 from ncnnport.models.youtu_vl.processor import ProcessedImage, process_image
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
-from ncnnport.runtime import masks
 from ncnnport.runtime.perf_targets import PerfTarget
-from ncnnport.runtime.rope import span
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
                                       "layers": ("16", "512")}
@@ -78,22 +76,24 @@ def bench_image(vl: Any, size: str) -> ProcessedImage:
 
 
 def decode_inputs(vl: Any, past: int, seed: int = 0) -> dict[str, Any]:
-    """Inputs of one decode step at cache position ``past``: the ``[1,1]`` token id, RoPE at
-    ``past``, the mask over dummy + past + self, and a random per-layer latent cache."""
+    """Inputs of one decode step at cache position ``past``: the ``[1,1]`` token id and a latent
+    cache holding the dummy row + ``past`` random rows per layer, preallocated as ``generate``
+    allocates it (the step reads it in place; RoPE and masks come from the cache position)."""
     t = vl.cfg.text
     rng = np.random.default_rng(seed)
-    cos, sin = span(past, 1, t.qk_rope_head_dim, t.rope_theta)
-    mask = masks.causal(1, past + 1, hidden=(0,))  # row 0 of the cache is the dummy the pipeline always hides
-    layers = [(rng.standard_normal((1, past + 1, t.kv_lora_rank)).astype(np.float32),
-               rng.standard_normal((1, past + 1, t.qk_rope_head_dim)).astype(np.float32))
-              for _ in range(t.num_hidden_layers)]
-    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cos": cos, "sin": sin,
-            "mask": mask, "cache": layers}
+    cache = LatentCache.empty(vl.cfg, past + 1)
+    if past:
+        for i in range(t.num_hidden_layers):
+            cache.store.write(i, rng.standard_normal((1, 1, past, t.kv_lora_rank)).astype(np.float32),
+                              rng.standard_normal((1, 1, past, t.qk_rope_head_dim)).astype(np.float32))
+        cache.store.commit(past)
+    return {"ids": np.array([[DECODE_TOKEN]], np.int32), "cache": cache}
 
 
 def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Call:
     """The ncnn side of ``stage``; the one-token stages step on the graphs ``run`` steps on
-    (:func:`~.pipeline.decode_runners`: the ``decode`` variants when the graphs store fp16)."""
+    (:func:`~.pipeline.decode_runners`: the ``decode`` variants when the graphs store fp16), over
+    the same preallocated cache, whose new row is discarded after every call."""
     if stage in ("decode", "layers"):
         modules = {**modules, **(decode_runners(modules) or {})}
     if stage == "vision_encoder":
@@ -106,24 +106,18 @@ def ncnn_call(vl: Any, modules: Mapping[str, Any], stage: str, size: str) -> Cal
     if stage == "decode":
         d = decode_inputs(vl, cache_length(size))
         embed = with_tied_embedding(modules)[EMBED]
-        layers = [modules[layer_name(i)] for i in range(vl.cfg.text.num_hidden_layers)]
 
         def step() -> list[np.ndarray]:
             (h,) = embed.run([d["ids"]])
-            for layer, (latent, krot) in zip(layers, d["cache"]):
-                h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
+            h = forward_layers(modules, h, d["cache"], vl.cfg, commit=False)
             return [head_logits(modules, h, vl.cfg)]
         return step
     if stage == "layers":
         d = decode_inputs(vl, cache_length(size))
         hidden = np.random.default_rng(1).standard_normal((1, 1, vl.cfg.text.hidden_size)).astype(np.float32)
-        layers = [modules[layer_name(i)] for i in range(vl.cfg.text.num_hidden_layers)]
 
         def layer_step() -> list[np.ndarray]:
-            h = hidden
-            for layer, (latent, krot) in zip(layers, d["cache"]):
-                h = layer.run([h, d["cos"], d["sin"], d["mask"], latent, krot])[0]
-            return [h]
+            return [forward_layers(modules, hidden, d["cache"], vl.cfg, commit=False)]
         return layer_step
     raise ValueError(f"youtu-vl: no bench stage {stage!r}; known: {', '.join(STAGES)}")
 
@@ -253,5 +247,5 @@ def peer_graphs(vl: Any, stage: str, size: str) -> list[tuple[str, dict[str, int
     if stage != "layers":
         return None
     past = cache_length(size) + 1
-    return [(layer_name(i), {"seq": 1, "past": past, "total": past + 1})
+    return [(layer_name(i), {"seq": 1, "past": past})
             for i in range(vl.cfg.text.num_hidden_layers)]

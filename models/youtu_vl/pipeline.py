@@ -21,10 +21,12 @@ from ncnnport.models.youtu_vl.processor import (ProcessedImage, patch_permutatio
 from ncnnport.models.youtu_vl.prompt import fuse
 from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
 from ncnnport.runtime import masks
+from ncnnport.runtime.preallocated_cache import PreallocatedKVCache
 from ncnnport.runtime.rope import span
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 from ncnnport.runtime.sampling import greedy
 from ncnnport.runtime.variants import with_variant
+from ncnnport.runtime.zero_copy import zero_copy
 
 VISION, MERGER, EMBED, LM_HEAD = "vision_tower", "merger", "text_embed", "lm_head"
 DECODE = "decode"  # the graph variant of the one-token steps (specs.decode_variant); here so the
@@ -34,6 +36,7 @@ DECODE = "decode"  # the graph variant of the one-token steps (specs.decode_vari
 # so one 283386 x 2560 graph dominates the peak memory of the whole conversion; shards of <= 512
 # MiB keep pnnx near 2 GB and every host-side step (logits, tied rows) just concatenates.
 HEAD_SHARD_BYTES = 512 << 20
+HEAD_ROW_ALIGN = 16  # rows per head shard are a multiple of this (see head_shards)
 
 
 def layer_name(i: int) -> str:
@@ -48,14 +51,28 @@ class HeadShard:
 
 
 def head_shards(cfg: YoutuVLConfig, max_bytes: int | None = None) -> list[HeadShard]:
-    """The head graphs: one ``lm_head`` when the table is small, else equal vocab-row shards."""
+    """The head graphs: one ``lm_head`` when the table is small, else vocab-row shards whose row
+    counts are multiples of :data:`HEAD_ROW_ALIGN`, plus one last shard of the ``V % 16``
+    leftover rows when there are any (real: 5 x 47232 + 47216 + 10 rows).
+
+    Why aligned: ncnn's x86 InnerProduct (the ``decode`` variant, the only fp16-weight path) packs
+    its outputs by 16/8/4 only when ``num_output`` divides; otherwise every output row is a
+    single dependent FMA chain (measured on one 2560-wide shard, 1 thread, fp16 weights, interleaved:
+    47231 rows 1.35x the time of 47232). Equal shards of Youtu-VL's 283386 rows had 47231 rows each."""
     max_bytes = HEAD_SHARD_BYTES if max_bytes is None else max_bytes
     t = cfg.text
     n = -(-4 * t.vocab_size * t.hidden_size // max_bytes)
     if n <= 1:
         return [HeadShard(LM_HEAD, 0, t.vocab_size)]
-    rows = -(-t.vocab_size // n)
-    return [HeadShard(f"{LM_HEAD}_part{k}", k * rows, min(t.vocab_size, (k + 1) * rows)) for k in range(n)]
+    aligned = t.vocab_size - t.vocab_size % HEAD_ROW_ALIGN
+    rows = -(-aligned // (n * HEAD_ROW_ALIGN)) * HEAD_ROW_ALIGN
+    while rows > HEAD_ROW_ALIGN and 4 * rows * t.hidden_size > max_bytes:  # rounding up overshot
+        n += 1
+        rows = -(-aligned // (n * HEAD_ROW_ALIGN)) * HEAD_ROW_ALIGN
+    bounds = [*range(0, aligned, rows), aligned]
+    if aligned < t.vocab_size:
+        bounds.append(t.vocab_size)
+    return [HeadShard(f"{LM_HEAD}_part{k}", a, b) for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def head_logits(runners: Mapping[str, Any], hidden: np.ndarray, cfg: YoutuVLConfig) -> np.ndarray:
@@ -170,35 +187,79 @@ def run_vision_segments(runners: Mapping[str, Any], vin: VisionInputs, cfg: Yout
 
 
 # --- LLM ----------------------------------------------------------------------------------------
-@dataclass
-class LatentCache:
-    """Per-layer latent cache; row 0 is a dummy the mask always hides (see DecoderLayerGraph)."""
+def layer_masks(seq: int, past: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two additive masks of ``llm_layer{i}``: ``past_mask [1,seq,past]`` (every cached row
+    visible except row 0, the dummy) and ``mask [1,seq,seq]`` (causal over the new rows)."""
+    full = masks.causal(seq, past, hidden=(0,))
+    return np.ascontiguousarray(full[..., :past]), np.ascontiguousarray(full[..., past:])
 
-    latent: list[np.ndarray]
-    krot: list[np.ndarray]
-    seen: int = 0  # real tokens cached (positions 0..seen-1)
+
+class LatentCache:
+    """Per-layer latent cache, allocated once per generation and written in place.
+
+    Row 0 is a zero dummy that ``past_mask`` hides (a prefill then still has a one-row past;
+    see DecoderLayerGraph). Each layer reads ``past(i)`` (views ``[1,1,P,kv_lora]`` and ``[1,1,P,rope]``
+    of ncnn-owned buffers, handed to ncnn without a copy) and the host writes the rows it returns,
+    so a step copies nothing of the past (``runtime.preallocated_cache``).
+    """
+
+    def __init__(self, cfg: YoutuVLConfig, capacity: int) -> None:
+        t = cfg.text
+        if capacity < 1:
+            raise ValueError(f"youtu-vl latent cache: capacity {capacity} must hold at least one position")
+        self.store = PreallocatedKVCache(t.num_hidden_layers, 1, t.kv_lora_rank, capacity + 1,
+                                         owner="youtu-vl latent cache", value_dim=t.qk_rope_head_dim)
+        dummy = (np.zeros((1, 1, 1, t.kv_lora_rank), np.float32), np.zeros((1, 1, 1, t.qk_rope_head_dim), np.float32))
+        for i in range(t.num_hidden_layers):
+            self.store.write(i, *dummy)
+        self.store.commit(1)
 
     @classmethod
-    def empty(cls, cfg: YoutuVLConfig) -> "LatentCache":
-        t = cfg.text
-        n = t.num_hidden_layers
-        return cls([np.zeros((1, 1, t.kv_lora_rank), np.float32) for _ in range(n)],
-                   [np.zeros((1, 1, t.qk_rope_head_dim), np.float32) for _ in range(n)])
+    def empty(cls, cfg: YoutuVLConfig, capacity: int) -> "LatentCache":
+        """A cache for ``capacity`` real positions (prompt + generated tokens)."""
+        return cls(cfg, capacity)
+
+    @property
+    def seen(self) -> int:
+        """Real tokens cached (positions 0..seen-1); the dummy row is not one."""
+        return self.store.length - 1
+
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity - 1
+
+    def past(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Views of layer ``layer``'s dummy + cached rows: ``[1,1,1+seen,kv_lora]``, ``[1,1,1+seen,rope]``."""
+        return self.store.past(layer)
 
 
 def forward_llm(runners: Mapping[str, Any], embeds: np.ndarray, cache: LatentCache,
-                cfg: YoutuVLConfig) -> np.ndarray:
-    """Run ``embeds [S,H]`` through all layers, extend the cache, return last-row logits ``[V]``."""
-    t = cfg.text
-    s = embeds.shape[0]
-    cos, sin = span(cache.seen, s, t.qk_rope_head_dim, t.rope_theta)
-    mask = masks.causal(s, cache.seen + 1, hidden=(0,))  # row 0 of the cache is the dummy
-    h = np.ascontiguousarray(embeds[None], dtype=np.float32)
-    for i in range(t.num_hidden_layers):
-        h, cache.latent[i], cache.krot[i] = runners[layer_name(i)].run(
-            [h, cos, sin, mask, cache.latent[i], cache.krot[i]])
-    cache.seen += s
+                cfg: YoutuVLConfig, *, commit: bool = True) -> np.ndarray:
+    """Run ``embeds [S,H]`` through all layers, write their latent rows into ``cache``, return
+    last-row logits ``[V]``. ``commit=False`` forgets the rows afterwards (a benchmark repeats one
+    position)."""
+    h = forward_layers(runners, embeds[None], cache, cfg, commit=commit)
     return head_logits(runners, h[:, -1:], cfg).reshape(-1)
+
+
+def forward_layers(runners: Mapping[str, Any], hidden: np.ndarray, cache: LatentCache, cfg: YoutuVLConfig, *,
+                   commit: bool = True) -> np.ndarray:
+    """``hidden [1,S,H]`` through every ``llm_layer{i}`` at position ``cache.seen``; returns the last
+    layer's ``[1,S,H]``. Each layer reads the past in place and its new rows are written after it ran."""
+    t = cfg.text
+    s = hidden.shape[1]
+    cos, sin = span(cache.seen, s, t.qk_rope_head_dim, t.rope_theta)
+    past_mask, mask = layer_masks(s, cache.seen + 1)  # row 0 of the cache is the dummy
+    h = np.ascontiguousarray(hidden, dtype=np.float32)
+    for i in range(t.num_hidden_layers):
+        latent, krot = cache.past(i)
+        h, new_latent, new_krot = zero_copy(runners[layer_name(i)]).run([h, cos, sin, past_mask, mask, latent, krot])
+        cache.store.write(i, new_latent, new_krot)
+    if commit:
+        cache.store.commit(s)
+    else:
+        cache.store.discard()
+    return h
 
 
 def embed_ids(runners: Mapping[str, Any], ids: np.ndarray) -> np.ndarray:
@@ -253,7 +314,7 @@ def generate(runners: Mapping[str, Any], cfg: YoutuVLConfig, ids: np.ndarray,
     if image is not None:
         vision, merged = encode_image(runners, image, cfg)
     embeds = fuse(embed_ids(runners, ids), ids, merged)
-    cache = LatentCache.empty(cfg)
+    cache = LatentCache.empty(cfg, int(embeds.shape[0]) + max(max_new_tokens, 1))
     logits = forward_llm(runners, embeds, cache, cfg)
     gen = Generation(vision, merged, logits)
     for step in range(max_new_tokens):

@@ -15,7 +15,7 @@ Split decisions (see wrappers.py for the graph bodies):
   ``tie_word_embeddings`` (Youtu-LLM) the host reads the rows out of ``lm_head.ncnn.bin``
   (``tied_embed.py``), so the ``[V,H]`` table is stored once (tiny: -41 MB, 49% of the package).
 - ``llm_layer{i}``: one graph per decoder layer serving prefill and decode (dynamic query and
-  past lengths), latent KV cache in/out.
+  past lengths): reads the host's preallocated latent cache in place, returns the new rows only.
 - ``lm_head``: final norm + tied head on the last row (static ``[1,1,H]``).
 - ``decode`` variants of the layers and the head (``llm_layer{i}.decode.ncnn.param`` over the same
   ``.bin``): Gemm -> InnerProduct, so one-token steps can read fp16 weights.
@@ -35,7 +35,7 @@ from ncnnport.models.youtu_vl import wrappers
 from ncnnport.models.youtu_vl.model import YoutuVL
 from ncnnport.models.youtu_vl.pipeline import DECODE  # the variant name lives with the torch-free pipeline
 from ncnnport.models.youtu_vl.pipeline import (EMBED, MERGER, VISION, HeadShard, VisionSegment,
-                                               head_shards, layer_name, vision_segments)
+                                               head_shards, layer_masks, layer_name, vision_segments)
 from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
 from ncnnport.runtime import masks
 from ncnnport.runtime.rope import span
@@ -149,31 +149,31 @@ def _layer_spec(vl: YoutuVL, i: int) -> ModuleSpec:
 
     def make(sizes: Mapping[str, int], rng: np.random.Generator):
         s, p = sizes["seq"], sizes["past"]
-        if sizes["total"] != s + p:
-            raise ValueError(f"total {sizes['total']} != seq {s} + past {p}")
         cos, sin = span(p - 1, s, t.qk_rope_head_dim, t.rope_theta)
-        mask = masks.causal(s, p, hidden=(0,))  # the dummy cache row
-        return [rng.standard_normal((1, s, t.hidden_size)).astype(np.float32), cos, sin, mask,
-                rng.standard_normal((1, p, t.kv_lora_rank)).astype(np.float32),
-                rng.standard_normal((1, p, t.qk_rope_head_dim)).astype(np.float32)]
+        past_mask, mask = layer_masks(s, p)
+        return [rng.standard_normal((1, s, t.hidden_size)).astype(np.float32), cos, sin, past_mask, mask,
+                rng.standard_normal((1, 1, p, t.kv_lora_rank)).astype(np.float32),
+                rng.standard_normal((1, 1, p, t.qk_rope_head_dim)).astype(np.float32)]
 
     return ModuleSpec(
         name=layer_name(i), build=lambda: wrappers.DecoderLayerGraph(vl, i).eval(),
         inputs=[TensorSpec("hidden", (1, "seq", t.hidden_size)),
                 TensorSpec("cos", (1, "seq", t.qk_rope_head_dim)),
                 TensorSpec("sin", (1, "seq", t.qk_rope_head_dim)),
-                TensorSpec("mask", (1, "seq", "total")),
-                TensorSpec("past_latent", (1, "past", t.kv_lora_rank)),
-                TensorSpec("past_krot", (1, "past", t.qk_rope_head_dim))],
+                TensorSpec("past_mask", (1, "seq", "past")),
+                TensorSpec("mask", (1, "seq", "seq")),
+                TensorSpec("past_latent", (1, 1, "past", t.kv_lora_rank)),
+                TensorSpec("past_krot", (1, 1, "past", t.qk_rope_head_dim))],
         outputs=[TensorSpec("hidden_out", (1, "seq", t.hidden_size)),
-                 TensorSpec("latent", (1, "total", t.kv_lora_rank)),
-                 TensorSpec("krot", (1, "total", t.qk_rope_head_dim))],
-        axes={"seq": (7, 3), "past": (4, 9), "total": (11, 12)}, make_inputs=make,
-        parity_sizes=[{"seq": 1, "past": 1, "total": 2}, {"seq": 1, "past": 40, "total": 41},
-                      {"seq": 120, "past": 1, "total": 121}],
-        variants=[_decode_variant(({"seq": 1, "past": 1, "total": 2}, {"seq": 1, "past": 40, "total": 41}))],
+                 TensorSpec("latent", (1, 1, "seq", t.kv_lora_rank)),
+                 TensorSpec("krot", (1, 1, "seq", t.qk_rope_head_dim))],
+        axes={"seq": (7, 3), "past": (4, 9)}, make_inputs=make,
+        parity_sizes=[{"seq": 1, "past": 1}, {"seq": 1, "past": 40}, {"seq": 1, "past": 1001},
+                      {"seq": 120, "past": 1}],
+        variants=[_decode_variant(({"seq": 1, "past": 1}, {"seq": 1, "past": 40}, {"seq": 1, "past": 1001}))],
         weights=(f"model.layers.{i}",),
-        notes="absorbed MLA, latent cache; past row 0 is a masked dummy (prefill uses past=1)")
+        notes="absorbed MLA over the host's latent cache (read in place, new rows returned); "
+              "cache row 0 is a zero dummy that past_mask hides (prefill uses past=1)")
 
 
 def _head_spec(vl: YoutuVL, shard: HeadShard) -> ModuleSpec:

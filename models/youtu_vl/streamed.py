@@ -44,14 +44,14 @@ def _hf_layer_inputs(vl: Any, n: int) -> tuple[torch.Tensor, tuple[torch.Tensor,
 
 
 def _layer_graph_inputs(cfg: Any, n: int) -> list[np.ndarray]:
-    """cos, sin, mask and the masked dummy cache row of a prefill through ``llm_layer{i}``."""
-    from ncnnport.runtime import masks
+    """cos, sin, both masks and the masked dummy cache row of a prefill through ``llm_layer{i}``."""
+    from ncnnport.models.youtu_vl.pipeline import layer_masks
     from ncnnport.runtime.rope import span
 
     t = cfg.text
     cos, sin = span(0, n, t.qk_rope_head_dim, t.rope_theta)
-    return [cos, sin, masks.causal(n, 1, hidden=(0,)), np.zeros((1, 1, t.kv_lora_rank), np.float32),
-            np.zeros((1, 1, t.qk_rope_head_dim), np.float32)]
+    return [cos, sin, *layer_masks(n, 1), np.zeros((1, 1, 1, t.kv_lora_rank), np.float32),
+            np.zeros((1, 1, 1, t.qk_rope_head_dim), np.float32)]
 
 
 @torch.inference_mode()

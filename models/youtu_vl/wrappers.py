@@ -10,7 +10,8 @@ LLM decoder layers use the absorbed MLA form with the compressed latent as the K
 ``[latent | k_rot]`` shared by all heads (one KV head, SDPA with ``enable_gqa``), values are the
 latent itself, and ``W_uv`` is applied after attention. The cache per token is then
 ``kv_lora + rope`` floats (576 at real size) instead of ``heads*(192+128)`` (10240), and decode
-never re-expands past tokens through ``kv_b_proj``.
+never re-expands past tokens through ``kv_b_proj``. The layer graph reads that cache in place and
+returns only the new rows (explicit scores and softmax instead of SDPA: see DecoderLayerGraph).
 """
 
 from __future__ import annotations
@@ -130,12 +131,24 @@ class TextEmbedGraph(nn.Module):
 
 
 class DecoderLayerGraph(nn.Module):
-    """One MLA decoder layer with the latent cache as explicit inputs/outputs.
+    """One MLA decoder layer over the host's latent cache: reads the past, returns the new rows.
 
     Inputs: ``hidden [1,S,H]``, ``cos``/``sin [1,S,rope]`` (rotate_half layout, positions
-    ``past..past+S-1``), ``mask [1,S,P+S]``, ``past_latent [1,P,kv_lora]``, ``past_krot [1,P,rope]``.
-    Outputs: ``hidden``, ``latent [1,P+S,kv_lora]``, ``krot [1,P+S,rope]``. P >= 1 always: the
-    prefill feeds one zero row that the mask hides (ncnn cannot concatenate an empty blob).
+    ``past..past+S-1``), ``past_mask [1,S,P]`` (additive, over the cached rows), ``mask [1,S,S]``
+    (additive, causal over the new rows), ``past_latent [1,1,P,kv_lora]``, ``past_krot
+    [1,1,P,rope]``. Outputs: ``hidden``, the new rows ``latent [1,1,S,kv_lora]`` and ``krot
+    [1,1,S,rope]``, which the host writes into its preallocated cache. P >= 1 always: the cache
+    starts with one zero row that ``past_mask`` hides (ncnn cannot feed an empty blob).
+
+    Why this form: joining the cache inside the graph (``torch.cat`` -> ncnn Concat) copies the
+    whole past every step, and ncnn's SDPA layer repacks K/V on every call, so a step at P=1000
+    cost far more than at P=100 (67 % of the bandwidth bound). Here the past is only read: the
+    scores over it are two MatMuls (latent and rope parts, never joined), the new rows' scores
+    two more, and the softmax is written out over both parts (shared max, one denominator), as
+    the Qwen3-ASR decode graph does. The heads and query rows are flattened into the rows of one
+    ``[H*S, kv_lora]`` matrix, so every product against the cache is a single matrix product
+    that reads the cache once. No slice of the probabilities (pnnx 20261020 drops a slice before
+    MatMul; see the Qwen3-ASR decode layer).
     """
 
     def __init__(self, vl: YoutuVL, index: int) -> None:
@@ -168,30 +181,40 @@ class DecoderLayerGraph(nn.Module):
             self.register_buffer("w_uk", w[:, :self.nope, :].contiguous().clone())           # [H,nope,L]
             self.register_buffer("w_uv", w[:, self.nope:, :].transpose(1, 2).contiguous().clone())  # [H,L,v]
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                past_latent: torch.Tensor, past_krot: torch.Tensor):
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_mask: torch.Tensor,
+                mask: torch.Tensor, past_latent: torch.Tensor, past_krot: torch.Tensor):
         x = self.input_layernorm(hidden)
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(1, -1, self.heads, self.qk).transpose(1, 2)             # [1,H,S,qk]
         q_nope, q_rot = q[..., :self.nope], q[..., self.nope:]
         ckv = self.kv_a_proj(x)                                            # [1,S,L+rope]
-        latent = self.kv_a_layernorm(ckv[..., :self.kv_lora])
+        latent = self.kv_a_layernorm(ckv[..., :self.kv_lora]).unsqueeze(1)  # [1,1,S,L]
         k_rot = ckv[..., self.kv_lora:]
         q_rot = q_rot * cos.unsqueeze(1) + rotate_half(q_rot) * sin.unsqueeze(1)
-        k_rot = k_rot * cos + rotate_half(k_rot) * sin
-        latent_all = torch.cat((past_latent, latent), dim=1)               # [1,T,L]
-        krot_all = torch.cat((past_krot, k_rot), dim=1)                    # [1,T,rope]
-        q_lat = torch.matmul(q_nope, self.w_uk)                            # [1,H,S,L]
-        query = torch.cat((q_lat, q_rot), dim=-1)                          # [1,H,S,L+rope]
-        key = torch.cat((latent_all, krot_all), dim=-1).unsqueeze(1)       # [1,1,T,L+rope]
-        value = latent_all.unsqueeze(1)                                    # [1,1,T,L]
-        o = F.scaled_dot_product_attention(query, key, value, attn_mask=mask.unsqueeze(1),
-                                           scale=self.scale, enable_gqa=True)  # [1,H,S,L]
+        k_rot = (k_rot * cos + rotate_half(k_rot) * sin).unsqueeze(1)      # [1,1,S,rope]
+        q_lat = torch.matmul(q_nope, self.w_uk).reshape(1, 1, -1, self.kv_lora)  # [1,1,H*S,L]
+        q_rot = q_rot.reshape(1, 1, -1, self.rope)                         # [1,1,H*S,rope]
+        past_scores = self._scores(q_lat, q_rot, past_latent, past_krot, past_mask)  # [1,H,S,P]
+        new_scores = self._scores(q_lat, q_rot, latent, k_rot, mask)                 # [1,H,S,S]
+        top = torch.maximum(past_scores.amax(-1, keepdim=True), new_scores.amax(-1, keepdim=True))
+        past_w = torch.exp(past_scores - top)
+        new_w = torch.exp(new_scores - top)
+        total = past_w.sum(-1, keepdim=True) + new_w.sum(-1, keepdim=True)  # [1,H,S,1]
+        o = torch.matmul(past_w.reshape(1, 1, -1, past_w.shape[-1]), past_latent) + \
+            torch.matmul(new_w.reshape(1, 1, -1, new_w.shape[-1]), latent)  # [1,1,H*S,L]
+        o = o.reshape(1, self.heads, -1, self.kv_lora) / total             # [1,H,S,L]
         o = torch.matmul(o, self.w_uv)                                     # [1,H,S,v]
         o = o.transpose(1, 2).reshape(1, -1, self.heads * self.v_dim)
         h = hidden + self.o_proj(o)
         h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, latent_all, krot_all
+        return h, latent, k_rot
+
+    def _scores(self, q_lat: torch.Tensor, q_rot: torch.Tensor, keys: torch.Tensor, krot: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """Scaled, masked scores ``[1,H,S,T]`` of the flattened queries against ``T`` key rows given
+        as their latent ``[1,1,T,L]`` and rope ``[1,1,T,rope]`` parts (never joined: no copy)."""
+        s = torch.matmul(q_lat, keys.transpose(-1, -2)) + torch.matmul(q_rot, krot.transpose(-1, -2))
+        return s.reshape(1, self.heads, -1, s.shape[-1]) * self.scale + mask.unsqueeze(1)
 
 
 class LmHeadGraph(nn.Module):

@@ -10,7 +10,8 @@ import torch
 from ncnnport.drivers.onnx_peer import NO_GRAPHS, peer_call
 from ncnnport.registry import get_port
 
-CASES = [("qwen3-asr", "decode", "16", "audio_encoder"), ("qwen3-asr", "token", "16", None)]
+CASES = [("qwen3-asr", "decode", "16", "audio_encoder"), ("qwen3-asr", "token", "16", None),
+         ("youtu-vl", "layers", "16", "decode")]
 
 
 def _peer(model: str, stage: str, size: str, tmp_path):
@@ -38,9 +39,14 @@ def test_peer_graphs_run_in_onnx_runtime_like_the_wrappers(model, stage, size, u
         assert peer_call(specs, port.bench_peer_graphs(loaded, undeclared, size), 1, tmp_path) == (None, NO_GRAPHS)
 
 
-def test_a_layer_the_exporter_refuses_is_named_in_the_cell(tmp_path) -> None:
-    """Youtu-VL's decoder layer uses grouped SDPA (enable_gqa), which torch's TorchScript ONNX
-    exporter does not convert: the peer cell names the graph and the exporter's reason."""
+def test_a_layer_the_exporter_refuses_is_named_in_the_cell(tmp_path, monkeypatch) -> None:
+    """A graph torch's ONNX exporter refuses (as it refused Youtu-VL's grouped SDPA before the
+    layer graph wrote its attention out) leaves the cell empty with the graph and the reason."""
     pytest.importorskip("onnxruntime")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Exporting the operator 'aten::scaled_dot_product_attention' with enable_gqa")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
     *_, (call, note) = _peer("youtu-vl", "layers", "16", tmp_path)
     assert call is None and note.startswith("torch.onnx.export of llm_layer0 failed:") and "enable_gqa" in note

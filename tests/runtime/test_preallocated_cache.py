@@ -120,3 +120,24 @@ def test_reset_starts_over():
     assert cache.length == 0 and cache.past(0)[0].shape == (1, 2, 0, 3)
     cache.write(0, *rows(2))
     cache.commit(2)
+
+
+def test_values_may_be_narrower_than_keys():
+    """Youtu-VL's MLA caches a wide latent (K side) and a narrow rope key (V side) per position:
+    ``value_dim`` sizes V on its own, shapes are checked per side, and both views stay borrowable."""
+    from ncnnport.runtime.zero_copy import ncnn_view
+
+    cache = PreallocatedKVCache(1, 1, 8, capacity=5, owner="mla", value_dim=4)
+    k = np.arange(24, dtype=np.float32).reshape(1, 1, 3, 8)
+    v = -np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+    cache.write(0, k, v)
+    cache.commit(3)
+    pk, pv = cache.past(0)
+    np.testing.assert_array_equal(pk, k)
+    np.testing.assert_array_equal(pv, v)
+    assert ncnn_view(pk) is not None and ncnn_view(pv) is not None
+    assert cache.used_bytes() == 3 * (8 + 4) * 4
+    with pytest.raises(CacheError, match=r"mla: layer 0 V has shape \(1, 1, 1, 8\), expected \[1, 1, n, 4\]"):
+        cache.write(0, k[:, :, :1], k[:, :, :1])
+    with pytest.raises(CacheError, match="differ in row count"):
+        cache.write(0, k[:, :, :1], v[:, :, :2])

@@ -45,8 +45,8 @@ def test_real_preset_builds_a_layer_without_the_rest():
     sizes = module_weight_bytes(vl)
     assert sizes["llm_layer0"] == 4 * 104_242_176            # one real MLA layer, 398 MiB
     heads = [n for n in sizes if n.startswith("lm_head_part")]
-    assert len(heads) == 6                                    # 2.77 GB table in <= 512 MiB shards
-    assert sum(sizes[n] for n in heads) == 4 * (283386 * 2560 + 6 * 2560)   # rows + a norm each
+    assert len(heads) == 7                  # 2.77 GB table in <= 512 MiB shards + the 10 leftover rows
+    assert sum(sizes[n] for n in heads) == 4 * (283386 * 2560 + 7 * 2560)   # rows + a norm each
     assert max(sizes[n] for n in heads) <= 512 << 20
     layer = vl.part("model.layers.1")
     assert sum(p.numel() for p in layer.parameters()) == 104_242_176
@@ -158,17 +158,22 @@ def test_split_head_gives_the_same_logits_and_embedding_rows(tmp_path, monkeypat
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
     from ncnnport.targets import Target
 
-    monkeypatch.setattr(pipeline, "HEAD_SHARD_BYTES", 12 << 20)   # tiny table: 41 MB -> 4 shards
+    monkeypatch.setattr(pipeline, "HEAD_SHARD_BYTES", 12 << 20)   # tiny table: 41 MB -> 4 shards + 10 rows
     prep = prepare(Target("youtu-vl", "tiny", None, tmp_path))
     vl = prep.loaded.reference
     shards = head_shards(vl.cfg)
-    assert [s.name for s in shards] == [f"lm_head_part{k}" for k in range(4)]
-    assert shards[-1].stop == vl.cfg.text.vocab_size and [s.name for s in prep.specs][-4:] == [s.name for s in shards]
-    mods = open_ncnn_modules(convert_stage(prep))
+    assert [s.name for s in shards] == [f"lm_head_part{k}" for k in range(5)]
+    assert shards[-1].stop == vl.cfg.text.vocab_size and [s.name for s in prep.specs][-5:] == [s.name for s in shards]
+    pkg = convert_stage(prep)
+    for shard in shards[:-1]:  # the decode variants' InnerProducts get ncnn's packed (16-wide) kernels
+        (line,) = [ln for ln in (pkg / "ncnn" / f"{shard.name}.decode.ncnn.param").read_text().splitlines()
+                   if ln.startswith("InnerProduct")]
+        assert int(line.split(" 0=")[1].split()[0]) % 16 == 0, line
+    mods = open_ncnn_modules(pkg)
     ids = np.array([5, 100, 128000, 99999, 128265, 7])
     rows = with_tied_embedding(mods)[EMBED_NAME].run([ids.astype(np.int32)[None]])[0][0]
     np.testing.assert_array_equal(rows, vl.embed(ids))
-    logits = forward_llm(mods, rows, LatentCache.empty(vl.cfg), vl.cfg)
+    logits = forward_llm(mods, rows, LatentCache.empty(vl.cfg, len(rows)), vl.cfg)
     with torch.no_grad():
         ref = vl.llm(inputs_embeds=torch.from_numpy(rows)[None]).logits[0, -1].numpy()
     assert logits.shape == ref.shape

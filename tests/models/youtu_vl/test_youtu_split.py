@@ -86,10 +86,11 @@ def test_dummy_cache_row_is_invisible(tiny, runners):
     vl, _ = tiny
     rng = np.random.default_rng(0)
     emb = rng.standard_normal((9, vl.cfg.text.hidden_size)).astype(np.float32)
-    a = forward_llm(runners, emb, LatentCache.empty(vl.cfg), vl.cfg)
-    noisy = LatentCache.empty(vl.cfg)
-    noisy.latent = [rng.standard_normal(x.shape).astype(np.float32) * 10 for x in noisy.latent]
-    noisy.krot = [rng.standard_normal(x.shape).astype(np.float32) * 10 for x in noisy.krot]
+    a = forward_llm(runners, emb, LatentCache.empty(vl.cfg, 9), vl.cfg)
+    noisy = LatentCache.empty(vl.cfg, 9)
+    for i in range(vl.cfg.text.num_hidden_layers):
+        for view in noisy.past(i):  # the dummy row, written through the cache's own views
+            view[...] = rng.standard_normal(view.shape).astype(np.float32) * 10
     b = forward_llm(runners, emb, noisy, vl.cfg)
     np.testing.assert_array_equal(a, b)
 
@@ -99,12 +100,12 @@ def test_chunked_prefill_equals_one_shot(tiny, runners):
     vl, _ = tiny
     rng = np.random.default_rng(1)
     emb = rng.standard_normal((12, vl.cfg.text.hidden_size)).astype(np.float32)
-    one = forward_llm(runners, emb, LatentCache.empty(vl.cfg), vl.cfg)
-    cache = LatentCache.empty(vl.cfg)
+    one = forward_llm(runners, emb, LatentCache.empty(vl.cfg, 12), vl.cfg)
+    cache = LatentCache.empty(vl.cfg, 12)
     forward_llm(runners, emb[:5], cache, vl.cfg)
     forward_llm(runners, emb[5:11], cache, vl.cfg)
     two = forward_llm(runners, emb[11:], cache, vl.cfg)
-    assert cache.seen == 12 and cache.latent[0].shape[1] == 13
+    assert cache.seen == 12 and cache.past(0)[0].shape[2] == 13
     np.testing.assert_allclose(one, two, atol=2e-5, rtol=0)
 
 
@@ -147,7 +148,7 @@ def test_real_preset_loads_lazily_with_layers():
     vl = loaded.reference
     assert loaded.config["num_hidden_layers"] == 1 and vl.cfg.vision.num_hidden_layers == 27
     names = [s.name for s in PORT.module_specs(loaded)]
-    assert names[-7:] == ["llm_layer0"] + [f"lm_head_part{k}" for k in range(6)] and "merger" in names
+    assert names[-8:] == ["llm_layer0"] + [f"lm_head_part{k}" for k in range(7)] and "merger" in names
     assert not vl.is_materialized and not vl.source.reads
     sizes = PORT.module_weight_bytes(loaded)
     assert max(sizes, key=sizes.get).startswith("lm_head_part")
@@ -157,3 +158,24 @@ def test_port_is_registered():
     from ncnnport.registry import get_port
 
     assert get_port("youtu-vl") is PORT
+
+
+@pytest.mark.parametrize("limit", [512 << 20, 12 << 20, 3 << 20])
+def test_head_shards_have_packable_row_counts(limit):
+    """Every head shard but a last one of the ``V % 16`` leftover rows has a multiple of 16 rows,
+    so ncnn's InnerProduct (fp16 weights) runs its packed kernel; the shards tile the vocabulary
+    and stay under the byte limit. Equal shards of the real vocabulary had 47231 rows each."""
+    from ncnnport.models.youtu_vl.config import preset_config
+    from ncnnport.models.youtu_vl.pipeline import HEAD_ROW_ALIGN, head_shards
+
+    for name in ("real", "tiny"):
+        t = preset_config(name).text
+        shards = head_shards(preset_config(name), limit)
+        if len(shards) == 1:
+            continue
+        assert [s.start for s in shards[1:]] == [s.stop for s in shards[:-1]]
+        assert shards[0].start == 0 and shards[-1].stop == t.vocab_size
+        rows = [s.stop - s.start for s in shards]
+        assert all(r % HEAD_ROW_ALIGN == 0 for r in rows[:-1])
+        assert rows[-1] % HEAD_ROW_ALIGN in (0, t.vocab_size % HEAD_ROW_ALIGN)
+        assert max(4 * r * t.hidden_size for r in rows) <= limit

@@ -30,10 +30,10 @@ int as_int(const ncnnport::JsonFile& f, const std::string& field) {
 }
 
 // The MLA latent cache of every layer (pipeline.LatentCache): per layer a latent [cap, rank] and
-// a rotated key [cap, rope] Mat, row 0 a zero dummy that the mask always hides. The past handed
-// to a layer is a 2-D header over the first `length` rows (shared memory and reference count,
-// so ncnn reads it in place and clones before any in-place write); a layer's output holds past
-// + new rows, of which the new ones are copied in and made visible by commit().
+// a rotated key [cap, rope] Mat, row 0 a zero dummy that past_mask always hides. The past handed
+// to a layer is a 3-D header (c = 1, h = length) over the first `length` rows (shared memory and
+// reference count, so ncnn reads it in place and clones before any in-place write); a layer
+// returns only its new rows ([1, 1, rows, width]), copied in here and made visible by commit().
 class LatentCache {
 public:
     LatentCache(int layers, int rank, int rope, int capacity) : capacity_(capacity), pending_(layers, 0) {
@@ -48,10 +48,10 @@ public:
     }
     ncnn::Mat past_latent(int layer) const { return view(latent_.at(layer)); }
     ncnn::Mat past_krot(int layer) const { return view(krot_.at(layer)); }
-    // The new rows of `latent` / `krot` ([1, length + rows, width], the graph's outputs).
+    // The graph's outputs `latent` / `krot`: the new rows, [1, 1, rows, width].
     void write(int layer, const Tensor& latent, const Tensor& krot) {
-        const int rows = copy_tail(latent_.at(layer), latent, "latent", layer);
-        if (copy_tail(krot_.at(layer), krot, "krot", layer) != rows)
+        const int rows = copy_rows(latent_.at(layer), latent, "latent", layer);
+        if (copy_rows(krot_.at(layer), krot, "krot", layer) != rows)
             throw GraphError("latent cache layer " + std::to_string(layer) + ": latent and krot rows differ");
         pending_.at(layer) = rows;
     }
@@ -68,18 +68,21 @@ public:
 private:
     ncnn::Mat view(const ncnn::Mat& full) const {
         ncnn::Mat header = full;  // shares data and reference count
+        header.dims = 3;  // [1, 1, length, width] with the batch axis dropped: c = 1, h = length
         header.h = length_;
+        header.d = 1;
+        header.c = 1;
         header.cstep = static_cast<size_t>(full.w) * length_;
         return header;
     }
-    int copy_tail(ncnn::Mat& dst, const Tensor& t, const char* what, int layer) const {
+    int copy_rows(ncnn::Mat& dst, const Tensor& t, const char* what, int layer) const {
         const std::string where = "latent cache layer " + std::to_string(layer) + " " + what;
-        if (t.shape.size() != 3 || t.shape[0] != 1 || t.shape[2] != dst.w || t.shape[1] <= length_)
-            throw GraphError(where + ": output is not [1, past + rows, " + std::to_string(dst.w) + "]");
-        const int rows = static_cast<int>(t.shape[1]) - length_;
+        if (t.shape.size() != 4 || t.shape[0] != 1 || t.shape[1] != 1 || t.shape[3] != dst.w || t.shape[2] < 1)
+            throw GraphError(where + ": output is not [1, 1, rows, " + std::to_string(dst.w) + "]");
+        const int rows = static_cast<int>(t.shape[2]);
         if (length_ + rows > capacity_)
             throw GraphError(where + ": " + std::to_string(length_ + rows) + " rows exceed the capacity " + std::to_string(capacity_));
-        const float* src = t.data.data() + static_cast<size_t>(length_) * dst.w;
+        const float* src = t.data.data();
         for (size_t j = 0; j < static_cast<size_t>(rows) * dst.w; ++j)
             if (!std::isfinite(src[j])) throw GraphError(where + ": non-finite value from the graph");
         std::memcpy(dst.row(length_), src, static_cast<size_t>(rows) * dst.w * sizeof(float));
@@ -98,12 +101,18 @@ ncnn::Mat rows_mat(const float* data, int rows, int width) {
     return ncnnport::to_mat(t);
 }
 
-// masks.causal(s, seen + 1, hidden=(0,)): query i sees keys 1 .. seen + 1 + i.
-ncnn::Mat causal_mask(int s, int past) {
-    const int total = past + s;
-    Tensor m{{1, s, total}, std::vector<float>(static_cast<size_t>(s) * total)};
+// pipeline.layer_masks(s, past): past_mask [1, s, past] hides only the dummy row 0; mask
+// [1, s, s] is causal over the new rows (query i sees new rows 0 .. i).
+ncnn::Mat past_mask(int s, int past) {
+    Tensor m{{1, s, past}, std::vector<float>(static_cast<size_t>(s) * past, 0.0f)};
+    for (int q = 0; q < s; ++q) m.data[static_cast<size_t>(q) * past] = kMasked;
+    return ncnnport::to_mat(m);
+}
+
+ncnn::Mat new_rows_mask(int s) {
+    Tensor m{{1, s, s}, std::vector<float>(static_cast<size_t>(s) * s)};
     for (int q = 0; q < s; ++q)
-        for (int k = 0; k < total; ++k) m.data[static_cast<size_t>(q) * total + k] = (k <= past + q && k != 0) ? 0.0f : kMasked;
+        for (int k = 0; k < s; ++k) m.data[static_cast<size_t>(q) * s + k] = k <= q ? 0.0f : kMasked;
     return ncnnport::to_mat(m);
 }
 
@@ -350,11 +359,11 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
         std::vector<float> cos, sin;
         ncnnport::youtu::cos_sin(positions, freqs, cos, sin);
         const ncnn::Mat cos_m = rows_mat(cos.data(), rows, info_.rope_dim), sin_m = rows_mat(sin.data(), rows, info_.rope_dim);
-        const ncnn::Mat mask_m = causal_mask(rows, cache.seen() + 1);
+        const ncnn::Mat past_m = past_mask(rows, cache.seen() + 1), mask_m = new_rows_mask(rows);
         Tensor hidden{{1, rows, h}, embeds};
         for (int i = 0; i < info_.layers; ++i) {
             auto outs = graph("llm_layer" + std::to_string(i)).run(
-                {ncnnport::to_mat(hidden), cos_m, sin_m, mask_m, cache.past_latent(i), cache.past_krot(i)});
+                {ncnnport::to_mat(hidden), cos_m, sin_m, past_m, mask_m, cache.past_latent(i), cache.past_krot(i)});
             cache.write(i, outs[1], outs[2]);
             hidden = std::move(outs[0]);
         }
