@@ -51,8 +51,13 @@ def steady():
 
 
 def test_steady_call_passes_every_check():
+    """Judged by the verdict (aged vs fresh session), which other processes on the machine do
+    not move; the time-series trend of ``measure`` is information only (it read -47 %/100 for
+    a steady double at load 8-12)."""
     r = measure("steady", steady, warmup=2, runs=60)
-    assert r.identical_outputs and r.drift_within(2.0) and abs(r.rss_growth_mb) < 2
+    assert r.identical_outputs and abs(r.rss_growth_mb) < 2
+    v = interleave({"steady": steady}, rounds=60, warmup=2, fresh={"steady": lambda: steady})["steady"]
+    assert v.identical_outputs and not v.slowed_down(2.0), (v.aged_vs_fresh_low, v.aged_limit(2.0))
 
 
 def test_growing_cache_is_flagged_for_drift_and_memory():
@@ -153,14 +158,14 @@ def block_medians(times: list, block: int = 5) -> list:
     return [float(np.median(times[k:k + block])) for k in range(0, len(times) - block + 1, block)]
 
 
-def test_load_starting_and_stopping_passes_the_relative_drift_gate():
+def test_load_starting_and_stopping_passes_the_stability_verdict():
     with LoadGenerator(period_s=1.0):
-        r = interleave({"stage": cpu_work(150_000)}, rounds=120, warmup=2)["stage"]
+        r = interleave({"stage": cpu_work(150_000)}, rounds=120, warmup=2,
+                       fresh={"stage": lambda: cpu_work(150_000)})["stage"]
     blocks = block_medians(r.times_ms)
     # the load really came and went on the stage's wall time (else this test would prove nothing)
     assert max(blocks) > 1.5 * min(blocks), blocks
-    assert r.relative_drift_within(2.0), (r.relative_drift_pct_per_100, r.relative_drift_ci_pct_per_100)
-    assert not r.slowed_down(2.0)
+    assert not r.slowed_down(2.0), (r.aged_vs_fresh_low, r.aged_limit(2.0))
 
 
 def test_one_percent_per_call_slowdown_fails_relative_drift_under_load():
