@@ -59,11 +59,19 @@ def fingerprint(outputs: Sequence[np.ndarray]) -> bytes:
 SHORT_CALL_MS = 20.0
 
 
+# Two sessions of one stage differ by where their buffers landed: fresh/fresh medians read
+# 0.96-1.05 over 18 pairs of qwen3-asr sessions at load 11 here, and an aged session can sit a
+# step above a fresh one without growing (device host: seedvr2 dit_block 1.024 [1.020, 1.034]
+# after 104 calls, fresh/fresh up to 1.005). The noise floor is never taken below this.
+PLACEMENT_FLOOR = 1.05
+
+
 def aged_limit(aged_calls: int, fresh_vs_fresh_high: float | None, pct_per_100: float) -> float:
     """The aged/fresh time ratio a session may reach after ``aged_calls`` calls: the
-    session-to-session noise floor (upper end of the fresh/fresh interval, at least 1) times the
-    allowed slowdown of ``pct_per_100`` per 100 calls."""
-    floor = max(1.0, fresh_vs_fresh_high or 1.0)
+    session-to-session noise floor (upper end of the fresh/fresh interval measured in the run,
+    at least ``PLACEMENT_FLOOR``) times the allowed slowdown of ``pct_per_100`` per 100 calls.
+    So over 100 rounds the gate resolves a slowdown of ~7 % (1%/call compounding reads 2.8x)."""
+    floor = max(PLACEMENT_FLOOR, fresh_vs_fresh_high or 1.0)
     return floor * (1.0 + pct_per_100 / 100.0 * aged_calls / 100.0)
 
 
