@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ncnnport.drivers.cpp_parity import (CppRuntimeError, frame_record, frames_of, frames_sha256, token_ids_of,
-                                         EXECUTABLE_TIMEOUT_S)
+from ncnnport.drivers.cpp_parity import (CppRuntimeError, frame_record, frames_of, frames_sha256, run_executable,
+                                         token_ids_of)
 from ncnnport.parity.records import token_record
 
 FRAMES_POLICY_STAGE = "frames"  # the policy stage that gates uint8 frame outputs
@@ -43,19 +43,9 @@ def smallest_case(cases: Sequence[Any]) -> Any:
 
 def run_case(launcher: Sequence[str], exe: Path, argv: Sequence[str], json_out: Path) -> tuple[dict[str, Any], float]:
     """``launcher exe argv --json-out FILE``: (its JSON, wall seconds), or CppRuntimeError."""
-    import json
-
-    cmd = [*launcher, str(exe), *argv, "--json-out", str(json_out)]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=EXECUTABLE_TIMEOUT_S)
-    seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise CppRuntimeError(f"{exe.name} exited {done.returncode}: {last}")
-    try:
-        return json.loads(json_out.read_text(encoding="utf-8")), seconds
-    except (OSError, ValueError) as exc:
-        raise CppRuntimeError(f"{exe.name}: {json_out} is not a JSON result ({exc})") from None
+    out = run_executable(exe, argv, json_out, launcher)
+    return out, time.perf_counter() - t0
 
 
 def token_rows(case: Any, out: dict[str, Any], exe_name: str) -> list[dict[str, Any]]:

@@ -69,9 +69,10 @@ def find_executable(name: str, build: bool = True) -> Path:
     return exe
 
 
-def run_executable(exe: Path, argv: Sequence[str], json_out: Path) -> dict[str, Any]:
-    """Run ``exe argv --json-out FILE``; its JSON, or CppRuntimeError with its last stderr line."""
-    cmd = [str(exe), *argv, "--json-out", str(json_out)]
+def run_executable(exe: Path, argv: Sequence[str], json_out: Path, launcher: Sequence[str] = ()) -> dict[str, Any]:
+    """Run ``[launcher] exe argv --json-out FILE`` (``launcher``: e.g. ``qemu-aarch64``); its
+    JSON, or CppRuntimeError with its last stderr line."""
+    cmd = [*launcher, str(exe), *argv, "--json-out", str(json_out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=EXECUTABLE_TIMEOUT_S)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
