@@ -134,7 +134,7 @@ class ModelPort(ABC):
 
     def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
         """The C++ executable's arguments (all but ``--json-out``) for a packaged case
-        (``package.cases.CaseOnDisk``), outputs under ``workdir``; torch-free. Its result is
+        (``package.cases.CaseOnDisk``), outputs under ``workdir``; no reference is run. Its result is
         judged against ``case.expected`` (``token_ids``, or ``frames_sha256`` + ``expected.png``)."""
         raise NotImplementedError(f"model {self.name} has no C++ arguments for packaged cases")
 

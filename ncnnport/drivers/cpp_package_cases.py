@@ -1,5 +1,6 @@
 """A package's e2e cases through the model's C++ executable, judged against the package's own
-expected values; torch-free, and the executable may run under a launcher (``qemu-aarch64``).
+expected values (no reference model is built or run: the case holds its results), and the
+executable may run under a launcher (``qemu-aarch64``).
 
 Why: ``make cpp-aarch64-verify`` proves the golden vectors on the Arm code paths, but the loop
 around the graphs (audio, prompt, KV cache, windows, Euler step, colour fix) runs there too, so
