@@ -36,10 +36,20 @@ FRAMES_POLICY_STAGE = "frames"  # the policy stage that gates uint8 frame output
 
 
 def smallest_case(cases: Sequence[Any]) -> Any:
-    """The case with the fewest input bytes (the cheapest under an emulator); ties by name."""
+    """The case with the fewest input bytes (the cheapest under an emulator) among those with an
+    input file (a case without one, e.g. a text-only prompt, skips the model's input stages);
+    ties by name."""
     if not cases:
         raise CppRuntimeError("the package has no e2e cases (cases/*/case.json)")
-    return min(cases, key=lambda c: (sum(p.stat().st_size for p in c.inputs.values()), c.name))
+    with_inputs = [c for c in cases if c.inputs] or list(cases)
+    return min(with_inputs, key=lambda c: (sum(p.stat().st_size for p in c.inputs.values()), c.name))
+
+
+def expected_sequences(expected: Any) -> list[list[int]]:
+    """``expected.token_ids`` as sequences: per chunk (a list of lists) or one flat sequence."""
+    if expected and all(isinstance(t, int) for t in expected):
+        return [[int(t) for t in expected]]
+    return [[int(t) for t in chunk] for chunk in expected]
 
 
 def run_case(launcher: Sequence[str], exe: Path, argv: Sequence[str], json_out: Path) -> tuple[dict[str, Any], float]:
@@ -52,7 +62,7 @@ def run_case(launcher: Sequence[str], exe: Path, argv: Sequence[str], json_out: 
 def token_rows(case: Any, out: dict[str, Any], exe_name: str) -> list[dict[str, Any]]:
     """Per chunk: the C++ token ids against the case's expected ids (identical to pass)."""
     got = token_ids_of(out, exe_name)
-    want = [[int(t) for t in chunk] for chunk in case.expected["token_ids"]]
+    want = expected_sequences(case.expected["token_ids"])
     rows = [token_record(case.name if len(want) == 1 else f"{case.name}[{i}]", w, got[i] if i < len(got) else [],
                          stage="tokens (cpp vs package expected)", runtime="cpp")
             for i, w in enumerate(want)]

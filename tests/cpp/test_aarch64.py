@@ -1,7 +1,7 @@
 """aarch64: the cross build's options and cache key, and (slow) `make cpp-aarch64-verify` under
 qemu-user: every tiny package's golden vectors pass on the Arm code paths of the same ncnn, and
-one packaged e2e case per model runs through its cross-built executable (qwen3-asr: token ids,
-seedvr2: frames) to the package's expected values (youtu-vl: skipped while it has no executable).
+one packaged e2e case per model runs through its cross-built executable (qwen3-asr, youtu-vl:
+token ids; seedvr2: frames) to the package's expected values.
 
 Why: a second platform is where layout and ISA-path bugs show (ARM runs other kernels than x86),
 so the packages must verify there, with a build whose cache key cannot collide with the host's.
@@ -127,7 +127,7 @@ def test_make_cpp_aarch64_verify_passes_every_tiny_package(aarch64_verify):
     print(f"make cpp-aarch64-verify: {seconds:.0f} s")
 
 
-E2E_MODELS = ("qwen3-asr", "seedvr2")  # the models with a C++ executable and cpp_package_argv
+E2E_MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")  # the models with a C++ executable and cpp_package_argv
 
 
 @pytest.mark.slow
@@ -144,7 +144,7 @@ def test_make_cpp_aarch64_verify_runs_one_e2e_case_per_model_under_qemu(aarch64_
     assert set(E2E_MODELS) <= {m for m, *_ in runs}
     for model, case, seconds, table, passed, failed in runs:
         assert int(failed) == 0 and int(passed) >= 1, table
-        stage = "tokens" if model == "qwen3-asr" else "frames"
+        stage = "frames" if model == "seedvr2" else "tokens"
         assert f"| {case} | {stage} (cpp vs package expected) | PASS |" in table or f"| {case}[0] | {stage}" in table
         print(f"qemu e2e {model} ({case}): {float(seconds):.1f} s")
     for model in MODELS:

@@ -210,14 +210,23 @@ def test_package_case_frames_by_sha256_then_by_the_packaged_frames_gate(tmp_path
     assert not cpp_package_cases.judge(case, write_result(tmp_path / "c", far), "fake", tmp_path)[0]["passed"]
 
 
-def test_the_smallest_case_is_chosen(tmp_path):
+def test_the_smallest_case_with_an_input_file_is_chosen(tmp_path):
     from ncnnport.package.cases import CaseOnDisk
 
     (tmp_path / "big").write_bytes(b"x" * 100)
     (tmp_path / "small").write_bytes(b"x" * 10)
     cases = [CaseOnDisk("b", tmp_path, {"a": tmp_path / "big"}, {}, {}),
-             CaseOnDisk("s", tmp_path, {"a": tmp_path / "small"}, {}, {})]
+             CaseOnDisk("s", tmp_path, {"a": tmp_path / "small"}, {}, {}),
+             CaseOnDisk("text_only", tmp_path, {}, {}, {})]  # no input: skips the vision stages
     assert cpp_package_cases.smallest_case(cases).name == "s"
+    assert cpp_package_cases.smallest_case(cases[2:]).name == "text_only"
+
+
+def test_a_flat_expected_sequence_is_one_sequence(tmp_path):
+    """Youtu-VL's cases store one flat id list, Qwen3-ASR's one list per chunk."""
+    case = disk_case(tmp_path, {"token_ids": [7, 8]})
+    rows = cpp_package_cases.judge(case, {"chunks": [{"token_ids": [7, 8]}]}, "fake", tmp_path)
+    assert [r["passed"] for r in rows] == [True] and rows[0]["tokens_compared"] == 2
 
 
 def test_a_model_without_an_executable_is_skipped_in_one_line(monkeypatch, capsys, tmp_path):
