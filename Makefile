@@ -89,7 +89,10 @@ cpp: $(STAMP)
 # ncnnport-cpp go to build/cpp-aarch64/. Installs missing apt packages (dpkg --add-architecture arm64).
 # `make cpp-aarch64-verify [MODEL=...] [PRESET=tiny] [LAYERS=K]` converts each model's package (reused
 # when up to date) and runs `ncnnport-cpp verify` on it under qemu-aarch64 (exit 1 on a failed row), one
-# thread: with --threads 2 the OpenMP run under qemu-user 7.2 did not finish in 10 min (one thread: 2 s).
+# thread: with --threads 2 the OpenMP run under qemu-user 7.2 did not finish in 10 min (one thread: 2 s);
+# then one packaged e2e case per model (the smallest inputs) through the model's cross-built executable
+# under qemu, token ids / frames against the case's expected values (ncnnport/drivers/cpp_package_cases.py;
+# a model without a C++ executable says "skipped").
 AARCH64_BUILD = build/cpp-aarch64
 AARCH64_NCNN = $(BIN)/python runtime/cpp/build_ncnn.py --target aarch64
 QEMU_AARCH64 = QEMU_LD_PREFIX=/usr/aarch64-linux-gnu qemu-aarch64
@@ -107,4 +110,5 @@ cpp-aarch64-verify: cpp-aarch64
 	set -e; for m in $(or $(MODEL),$(CPP_MODELS)); do \
 	  $(BIN)/ncnnport convert $$m --preset $(PRESET) $(if $(LAYERS),--layers $(LAYERS)) > build/cpp-aarch64.convert-$$m.log; \
 	  $(QEMU_AARCH64) $(AARCH64_BUILD)/ncnnport-cpp verify build/$$m/$(PRESET)$(if $(LAYERS),-L$(LAYERS))/package --threads 1 $(ARGS); \
+	  QEMU_LD_PREFIX=/usr/aarch64-linux-gnu $(BIN)/python -m ncnnport.drivers.cpp_package_cases $$m build/$$m/$(PRESET)$(if $(LAYERS),-L$(LAYERS))/package --exe-dir $(AARCH64_BUILD) --launcher qemu-aarch64; \
 	done

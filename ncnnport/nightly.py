@@ -1,4 +1,5 @@
-"""The nightly gate: every model, every fixture, every precision mode, stability, regressions.
+"""The nightly gate: every model, every fixture, every precision mode, stability, regressions,
+and the C++ runtime's parity rows (``parity --runtime cpp``) for every model with the hook.
 
 Exit status is non-zero when any gate fails (fp32 parity, a precision mode's own budget, a
 stability check) or when the run regressed against the last stored nightly summary.
@@ -96,6 +97,62 @@ def stability(prep: Any, package: Path, rounds: int = STABILITY_ROUNDS) -> dict[
             "reason": "; ".join(problems)}
 
 
+def cpp_unavailable(executable: str) -> str | None:
+    """Why the C++ executable can neither be found nor built here (None: it is built, or
+    ``make cpp`` can build it: cmake, g++ and make are on PATH)."""
+    from ncnnport.drivers.cpp_parity import cpp_build_dir
+
+    exe = cpp_build_dir() / executable
+    if exe.is_file():
+        return None
+    missing = [tool for tool in ("cmake", "g++", "make") if shutil.which(tool) is None]
+    if missing:
+        return f"{exe} is not built and {', '.join(missing)} not found to build it (`make cpp`)"
+    return None
+
+
+def cpp_parity(prep: Any, package: Path) -> dict[str, Any]:
+    """``parity --runtime cpp`` for the nightly: ``{"ran", "passed", "reason", "rows"}``. A model
+    without the C++ hook, or a machine that can neither find nor build the executable, is skipped
+    (``ran`` False, with the reason); an executable or build that fails is a failed row."""
+    from ncnnport.drivers.cpp_parity import CppRuntimeError, run_cpp_parity
+
+    executable = prep.port.cpp_executable
+    if not executable:
+        return {"ran": False, "passed": True, "reason": f"model {prep.target.model} has no C++ runtime", "rows": []}
+    why = cpp_unavailable(executable)
+    if why:
+        return {"ran": False, "passed": True, "reason": why, "rows": []}
+    try:
+        cpp = run_cpp_parity(prep, package)
+    except CppRuntimeError as exc:
+        row = {"fixture": "*", "stage": "cpp runtime", "kind": "text", "runtime": "cpp", "gated": True,
+               "passed": False, "reason": str(exc)}
+        return {"ran": True, "passed": False, "reason": str(exc), "rows": [row]}
+    return {"ran": True, "passed": cpp["gates_passed"], "reason": "", "rows": cpp["e2e"],
+            "executable": cpp["executable"], "seconds": cpp["timings_s"]["cpp_e2e_s"]}
+
+
+def add_cpp_rows(summary: dict[str, Any], cpp: dict[str, Any]) -> None:
+    """The C++ rows (``runtime: "cpp"``) join the summary's e2e rows and its verdict; what ran
+    or why it did not stays in ``summary["cpp"]``."""
+    summary["e2e"] = list(summary.get("e2e", [])) + cpp["rows"]
+    summary["cpp"] = {k: v for k, v in cpp.items() if k != "rows"}
+    summary["gates_passed"] = summary["gates_passed"] and cpp["passed"]
+
+
+def cpp_line(cpp: dict[str, Any]) -> str:
+    """The nightly's one line on the C++ runtime."""
+    if not cpp["ran"]:
+        return f"cpp rows skipped: {cpp['reason']}"
+    failed = [r for r in cpp["rows"] if not r["passed"]]
+    if not failed:
+        return f"cpp rows ({len(cpp['rows'])}): PASS"
+    first = failed[0]
+    return (f"cpp rows ({len(cpp['rows'])}): FAIL, {len(failed)} failed; first: {first['fixture']} "
+            f"{first['stage']}: {first.get('reason') or 'failed'}")
+
+
 def history_dir(store: Path, now: datetime | None = None) -> Path:
     """A new folder ``store/history/<UTC timestamp, microseconds>/`` for this run (names sort in
     time order), created exclusively: a clash gets ``-1``, ``-2``..., so no run's history is ever
@@ -126,6 +183,8 @@ def run_nightly(targets: Sequence[Any], store: Path) -> int:
         summary = full_parity(prep, pkg)
         summary["stability"] = stability(prep, pkg)
         summary["gates_passed"] = summary["gates_passed"] and summary["stability"]["passed"]
+        cpp = cpp_parity(prep, pkg)
+        add_cpp_rows(summary, cpp)
         last = store / t.model / "last_summary.json"
         found = regressions(read_json(last), summary) if last.is_file() else []
         summary["regressions"] = found
@@ -139,6 +198,7 @@ def run_nightly(targets: Sequence[Any], store: Path) -> int:
         stab = summary["stability"]
         print(f"\nstability ({stab.get('rounds', 0)} interleaved rounds): "
               f"{'PASS' if stab['passed'] else 'FAIL: ' + stab['reason']}")
+        print(cpp_line(cpp))
         print(f"regressions vs last nightly: {len(found) if last.is_file() else 'no earlier nightly'}")
         for line in found:
             print(f"  - {line}")

@@ -58,7 +58,12 @@ class CppCase:
     """One input for ``parity --runtime cpp``: the model's C++ executable's arguments for it and
     the token ids (per chunk / per generated sequence) the same input gives on the torch-free
     Python package loop and on the torch reference. The executable writes ``--json-out FILE``
-    with ``{"chunks": [{"token_ids": [...]}, ...]}``; the driver adds that option."""
+    with ``{"chunks": [{"token_ids": [...]}, ...]}``; the driver adds that option.
+
+    A model that outputs frames instead sets ``python_frames`` (uint8 (T, H, W, C) of the Python
+    package loop), optionally ``reference_frames`` (the torch reference's), and ``frames_gate``
+    (the policy's frames Tolerance); its executable's JSON lists ``frames: [{"path": PNG}, ...]``
+    and ``frames_sha256``. The token fields stay empty then."""
 
     fixture: str
     argv: list[str]
@@ -66,6 +71,9 @@ class CppCase:
     reference_tokens: list[list[int]]
     reference_logits: list[list[Any]] | None = None  # per chunk, the reference's logits per step
     python_text: str | None = None
+    python_frames: Any = None      # np.ndarray uint8 (T, H, W, C); None for a token model
+    reference_frames: Any = None
+    frames_gate: Any = None        # contract.Tolerance over image rows (levels 0..255)
 
 
 class ModelPort(ABC):
@@ -123,6 +131,12 @@ class ModelPort(ABC):
         """The e2e fixtures and ``ctx.user_inputs`` as :class:`CppCase` rows (input files written
         under ``workdir``), each already run on the Python package loop and the torch reference."""
         raise NotImplementedError(f"model {self.name} has no C++ runtime")
+
+    def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
+        """The C++ executable's arguments (all but ``--json-out``) for a packaged case
+        (``package.cases.CaseOnDisk``), outputs under ``workdir``; no reference is run. Its result is
+        judged against ``case.expected`` (``token_ids``, or ``frames_sha256`` + ``expected.png``)."""
+        raise NotImplementedError(f"model {self.name} has no C++ arguments for packaged cases")
 
     # --- the package alone (torch-free; ``ncnnport verify`` and ``run --package``) -------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any] | None:

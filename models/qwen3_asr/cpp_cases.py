@@ -10,6 +10,7 @@ touches them) and BOTH loops read the same file through their own audio readers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,3 +65,14 @@ def cases(ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[CppCase]:
                            reference_logits=[list(np.asarray(c.logits)) for c in ref.chunks],
                            python_text=ours.text))
     return out
+
+
+def package_argv(package: Path, case: Any, workdir: Path) -> list[str]:
+    """A packaged case (``cases/<name>/``: ``input.wav``, ``max_new_tokens``, ``language``) as the
+    executable's arguments; its expected ids are the reference's (``cpp_package_cases`` judges)."""
+    del workdir  # the executable writes only its --json-out
+    argv = ["--package", str(Path(package).resolve()), "--audio", str(case.inputs["audio"]),
+            "--max-new-tokens", str(int(case.args["max_new_tokens"]))]
+    if case.args.get("language"):
+        argv += ["--language", str(case.args["language"])]
+    return argv

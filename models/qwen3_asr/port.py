@@ -286,6 +286,10 @@ class Qwen3ASRPort(KitPort):
         from ncnnport.models.qwen3_asr import cpp_cases
         return cpp_cases.cases(ctx, workdir, max_new_tokens)
 
+    def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
+        from ncnnport.models.qwen3_asr import cpp_cases
+        return cpp_cases.package_argv(package, case, workdir)
+
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         """``model.json``: dims, ids, RoPE, prompt pieces (checked against the processor's own

@@ -470,6 +470,24 @@ class SeedVR2Port(KitPort):
             if not torch.cuda.is_available():
                 raise ValueError("--noise-device cuda: no CUDA device is visible to torch")
 
+    # --- the C++ runtime (runtime/cpp/apps/seedvr2) ---------------------------------------------
+    cpp_executable = "ncnnport-seedvr2"
+
+    def cpp_cases(self, ctx: E2EContext, workdir: Path, max_new_tokens: int) -> list[Any]:
+        """The e2e fixtures and ``--input`` files for ``ncnnport-seedvr2`` (``max_new_tokens``
+        does not apply to a one-step restorer)."""
+        from ncnnport.models.seedvr2 import cpp_cases
+        fixtures, _ = self._fixtures(ctx.loaded)
+        users = []
+        for p in ctx.user_inputs:
+            video = read_frames(Path(p))
+            users.append((Path(p).resolve(), video, self._area(ctx.loaded, *video.shape[1:3])))
+        return cpp_cases.cases(ctx, workdir, fixtures, users, self.torch_backend(ctx.loaded), graph_backend_for)
+
+    def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
+        from ncnnport.models.seedvr2 import cpp_cases
+        return cpp_cases.package_argv(package, case, workdir)
+
     # --- the package alone (torch-free: packaged.py) -------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         from ncnnport.models.seedvr2.describe import describe

@@ -74,3 +74,11 @@ def cases(ctx: E2EContext, workdir: Path, max_new_tokens: int, real_fixtures: Co
                            reference_logits=[list(ref.step_logits)],
                            python_text=tokenizer.decode(ours, skip_special_tokens=True)))
     return out
+
+
+def package_argv(package: Path, case: Any, workdir: Path) -> list[str]:
+    """A packaged case (``cases/<name>/``: optional ``input.png``, ``prompt``, ``max_new_tokens``)
+    as the executable's arguments; its expected ids are the reference's (``cpp_package_cases``)."""
+    del workdir  # the executable writes only its --json-out
+    return executable_argv(package, case.inputs.get("image"), str(case.args["prompt"]),
+                           int(case.args["max_new_tokens"]))

@@ -174,6 +174,10 @@ class YoutuVLPort(KitPort):
         from ncnnport.models.youtu_vl import cpp_cases
         return cpp_cases.cases(ctx, workdir, max_new_tokens, REAL_FIXTURES)
 
+    def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
+        from ncnnport.models.youtu_vl import cpp_cases
+        return cpp_cases.package_argv(package, case, workdir)
+
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
         from ncnnport.models.youtu_vl.describe import describe

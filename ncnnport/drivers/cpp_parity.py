@@ -1,6 +1,9 @@
 """``ncnnport parity MODEL --runtime cpp``: the model's C++ executable on the e2e fixtures (and
 ``--input`` files), judged against the torch-free Python package loop (token ids identical,
-first differing position named) and against the torch reference (the usual token rows).
+first differing position named) and against the torch reference (the usual token rows). A model
+that outputs frames is judged by bytes against the Python package loop ("byte-identical"), else
+by the policy's frames gate over image rows with the level difference in the row, and by that
+gate against the torch reference.
 
 Why: the loop that ships is a hand-written C++ loop; it is proven by the same inputs and gates
 as the Python loop. Which executable and which arguments a fixture needs come from the port
@@ -9,6 +12,7 @@ as the Python loop. Which executable and which arguments a fixture needs come fr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,9 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
+from ncnnport.contract import Tolerance
 from ncnnport.fsutil import read_json, sha256_file
 from ncnnport.package.manifest import tool_versions
-from ncnnport.parity.records import token_record
+from ncnnport.parity.records import stage_record, token_record
 from ncnnport.parity.reproducible import deterministic_reference
 from ncnnport.registry import CppCase, E2EContext
 from ncnnport.runtime.lazy_modules import LazyModules, LazyTorchModules
@@ -32,6 +39,9 @@ SUMMARY_SCHEMA = 1
 MIN_NEW_TOKENS = 128
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXECUTABLE_TIMEOUT_S = 1800
+# Why C++ frames may differ from the Python loop's by a level in a few bytes (said in the row).
+LIBRARY_NOTE = ("the C++ links the GCC-12 static ncnn built from the sdist, the Python loop the PyPI wheel's "
+                "GCC-14 ncnn, both -Ofast: 1-level differences in a few bytes are expected")
 
 
 class CppRuntimeError(RuntimeError):
@@ -59,19 +69,92 @@ def find_executable(name: str, build: bool = True) -> Path:
     return exe
 
 
-def run_executable(exe: Path, argv: Sequence[str], json_out: Path) -> dict[str, Any]:
-    """Run ``exe argv --json-out FILE``; its JSON, or CppRuntimeError with its last stderr line."""
-    cmd = [str(exe), *argv, "--json-out", str(json_out)]
+def run_executable(exe: Path, argv: Sequence[str], json_out: Path, launcher: Sequence[str] = ()) -> dict[str, Any]:
+    """Run ``[launcher] exe argv --json-out FILE`` (``launcher``: e.g. ``qemu-aarch64``); its
+    JSON, or CppRuntimeError with its last stderr line."""
+    cmd = [*launcher, str(exe), *argv, "--json-out", str(json_out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=EXECUTABLE_TIMEOUT_S)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise CppRuntimeError(f"{exe.name} exited {done.returncode}: {last}")
     try:
         out = json.loads(json_out.read_text(encoding="utf-8"))
-        tokens = [[int(t) for t in c["token_ids"]] for c in out["chunks"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CppRuntimeError(f"{exe.name}: {json_out} is not a result with chunks[].token_ids ({exc})") from None
-    return {**out, "token_ids": tokens}
+    except (OSError, ValueError) as exc:
+        raise CppRuntimeError(f"{exe.name}: {json_out} is not a JSON result ({exc})") from None
+    if not isinstance(out, dict):
+        raise CppRuntimeError(f"{exe.name}: {json_out} is not a JSON object")
+    return out
+
+
+def token_ids_of(out: dict[str, Any], exe_name: str) -> list[list[int]]:
+    """``chunks[].token_ids`` of a token model's result."""
+    try:
+        return [[int(t) for t in c["token_ids"]] for c in out["chunks"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CppRuntimeError(f"{exe_name}: result has no chunks[].token_ids ({exc})") from None
+
+
+def frames_of(out: dict[str, Any], exe_name: str) -> np.ndarray:
+    """The frames a result lists (``frames[].path``, PNG) as uint8 (T, H, W, C), checked against
+    the result's own ``frames_sha256`` (so what is judged is what the executable computed)."""
+    from PIL import Image
+
+    try:
+        paths = [Path(f["path"]) for f in out["frames"]]
+        frames = np.stack([np.asarray(Image.open(p)) for p in paths])
+        claimed = str(out["frames_sha256"])
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        raise CppRuntimeError(f"{exe_name}: result has no readable frames[].path / frames_sha256 ({exc})") from None
+    if frames.ndim == 3:  # grey PNGs: (T, H, W) -> (T, H, W, 1)
+        frames = frames[..., None]
+    if frames_sha256(frames) != claimed:
+        raise CppRuntimeError(f"{exe_name}: its PNG frames do not hash to its frames_sha256 {claimed[:16]}")
+    return frames
+
+
+def frames_sha256(frames: np.ndarray) -> str:
+    """sha256 of the uint8 frame bytes in (T, H, W, C) order (the executables' ``frames_sha256``)."""
+    return hashlib.sha256(np.ascontiguousarray(frames, dtype=np.uint8).tobytes()).hexdigest()
+
+
+def frame_rows(frames: np.ndarray) -> np.ndarray:
+    """uint8 (T, H, W, C) -> float32 (T*H, W*C): the frames gate's worst-row cosine runs over
+    image rows, and its max_abs is in levels (0..255)."""
+    t, h, w, c = frames.shape
+    return frames.reshape(t * h, w * c).astype(np.float32)
+
+
+def frame_record(fixture: str, stage: str, want: np.ndarray, got: np.ndarray, gate: Tolerance,
+                 note: str = "") -> dict[str, Any]:
+    """Frames compared: equal bytes pass ("byte-identical"); otherwise the frames gate decides,
+    with the max level difference and the differing-byte count in the row (and ``note``)."""
+    base = {"runtime": "cpp", "gated": True, "frames_sha256": frames_sha256(got),
+            "expected_frames_sha256": frames_sha256(want)}
+    if got.shape != want.shape:
+        return {"fixture": fixture, "stage": stage, **base, "kind": "frames", "passed": False,
+                "reason": f"cpp frames {list(got.shape)}, expected {list(want.shape)}"}
+    diff = np.abs(want.astype(np.int16) - got.astype(np.int16))
+    identical = not diff.any()
+    rec = stage_record(fixture, stage, frame_rows(want), frame_rows(got), gate, **base, kind="frames",
+                       byte_identical=identical, image_max_abs=int(diff.max()),
+                       differing_bytes=int((diff > 0).sum()), total_bytes=int(diff.size))
+    if identical:
+        rec["passed"], rec["reason"] = True, "byte-identical"
+    else:
+        verdict = rec["reason"] or "within the frames gate"
+        rec["reason"] = (f"{rec['differing_bytes']} of {rec['total_bytes']} bytes differ, max "
+                         f"{rec['image_max_abs']} level(s): {verdict}" + (f" ({note})" if note else ""))
+    return rec
+
+
+def frame_records(case: CppCase, cpp_frames: np.ndarray) -> list[dict[str, Any]]:
+    """C++ frames vs the Python package loop's (bytes, else the gate) and vs the torch reference's."""
+    records = [frame_record(case.fixture, "frames (cpp vs python package loop)", case.python_frames, cpp_frames,
+                            case.frames_gate, LIBRARY_NOTE)]
+    if case.reference_frames is not None:
+        records.append(frame_record(case.fixture, "frames (cpp vs torch reference)", case.reference_frames,
+                                    cpp_frames, case.frames_gate))
+    return records
 
 
 def sequence_records(case: CppCase, cpp_tokens: list[list[int]]) -> list[dict[str, Any]]:
@@ -92,6 +175,18 @@ def sequence_records(case: CppCase, cpp_tokens: list[list[int]]) -> list[dict[st
         records.append({"fixture": case.fixture, "stage": "chunks", "kind": "text", "runtime": "cpp",
                         "passed": False, "gated": True,
                         "reason": f"cpp gave {len(cpp_tokens)} chunks, python {len(case.python_tokens)}"})
+    return records
+
+
+def case_records(case: CppCase, out: dict[str, Any], exe_name: str) -> list[dict[str, Any]]:
+    """One input's rows: frames for a frame model, else tokens per chunk (and the transcript)."""
+    if case.python_frames is not None:
+        return frame_records(case, frames_of(out, exe_name))
+    records = sequence_records(case, token_ids_of(out, exe_name))
+    if case.python_text is not None and "text" in out:
+        same = out["text"] == case.python_text
+        records.append({"fixture": case.fixture, "stage": "transcript (cpp vs python)", "kind": "text",
+                        "runtime": "cpp", "gated": True, "passed": same, "reason": "" if same else "texts differ"})
     return records
 
 
@@ -123,17 +218,12 @@ def run_cpp_parity(prep: Prepared, package: Path, user_inputs: Sequence[Path] = 
             log(f"{t.model}: {exe.name} on {case.fixture}")
             t1 = time.perf_counter()
             out = run_executable(exe, case.argv, Path(tmp) / "out.json")
-            seq = sequence_records(case, out["token_ids"])
-            for r in seq:
+            for r in case_records(case, out, exe.name):
                 r["cpp_seconds"] = round(time.perf_counter() - t1, 3)
-                r["cpp_timing"] = out.get("timing")
-            records += seq
-            if case.python_text is not None and "text" in out:
-                same = out["text"] == case.python_text
-                records.append({"fixture": case.fixture, "stage": "transcript (cpp vs python)", "kind": "text",
-                                "runtime": "cpp", "gated": True, "passed": same,
-                                "reason": "" if same else "texts differ"})
-    records.append(coverage_record(records))
+                r["cpp_timing"] = out.get("timing") or out.get("seconds")
+                records.append(r)
+    if any(r.get("kind") == "tokens" for r in records):
+        records.append(coverage_record(records))
     manifest = read_json(package / "manifest.json")
     return {
         "schema": SUMMARY_SCHEMA, "model": t.model, "runtime": "cpp", "executable": str(exe),

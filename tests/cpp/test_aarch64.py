@@ -1,5 +1,7 @@
 """aarch64: the cross build's options and cache key, and (slow) `make cpp-aarch64-verify` under
-qemu-user: every tiny package's golden vectors pass on the Arm code paths of the same ncnn.
+qemu-user: every tiny package's golden vectors pass on the Arm code paths of the same ncnn, and
+one packaged e2e case per model runs through its cross-built executable (qwen3-asr, youtu-vl:
+token ids; seedvr2: frames) to the package's expected values.
 
 Why: a second platform is where layout and ISA-path bugs show (ARM runs other kernels than x86),
 so the packages must verify there, with a build whose cache key cannot collide with the host's.
@@ -123,6 +125,31 @@ def test_make_cpp_aarch64_verify_passes_every_tiny_package(aarch64_verify):
     assert sorted(m for m, _, _ in tables) == sorted(MODELS)
     assert all(int(failed) == 0 and int(passed) > 1 for _, passed, failed in tables)
     print(f"make cpp-aarch64-verify: {seconds:.0f} s")
+
+
+E2E_MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")  # the models with a C++ executable and cpp_package_argv
+
+
+@pytest.mark.slow
+def test_make_cpp_aarch64_verify_runs_one_e2e_case_per_model_under_qemu(aarch64_verify):
+    """Each executable ran one packaged case under qemu-aarch64 and matched the expected tokens /
+    frames; a model without an executable says so in one line instead of failing."""
+    from ncnnport.registry import get_port
+
+    res, _ = aarch64_verify
+    assert res.returncode == 0, f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    runs = re.findall(r"^## cpp e2e (\S+) build/\S+/tiny/package case (\S+) under qemu-aarch64: ([\d.]+) s\n"
+                      r"(.*?)^(\d+) passed, (\d+) failed$", res.stdout, flags=re.M | re.S)
+    assert sorted(m for m, *_ in runs) == sorted(m for m in MODELS if get_port(m).cpp_executable)
+    assert set(E2E_MODELS) <= {m for m, *_ in runs}
+    for model, case, seconds, table, passed, failed in runs:
+        assert int(failed) == 0 and int(passed) >= 1, table
+        stage = "frames" if model == "seedvr2" else "tokens"
+        assert f"| {case} | {stage} (cpp vs package expected) | PASS |" in table or f"| {case}[0] | {stage}" in table
+        print(f"qemu e2e {model} ({case}): {float(seconds):.1f} s")
+    for model in MODELS:
+        if not get_port(model).cpp_executable:
+            assert f"cpp e2e {model}: skipped (the model has no C++ executable)" in res.stdout
 
 
 @pytest.mark.slow

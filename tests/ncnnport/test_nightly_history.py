@@ -30,6 +30,8 @@ def test_every_nightly_run_keeps_its_summary(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(stages, "convert_stage", lambda prep: tmp_path)
     monkeypatch.setattr(nightly, "full_parity", lambda prep, pkg: runs.pop(0))
     monkeypatch.setattr(nightly, "stability", lambda prep, pkg: {"passed": True, "rounds": 0})
+    monkeypatch.setattr(nightly, "cpp_parity", lambda prep, pkg: {"ran": False, "passed": True, "rows": [],
+                                                                   "reason": "toy has no C++ runtime"})
     target = Target("toy", "tiny", None, tmp_path)
     store = tmp_path / "nightly"
     assert nightly.run_nightly([target], store) == 0

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "ncnnport/manifest.h"
 #include "ncnnport/npz.h"
+#include "ncnnport/sha256.h"
 
 #include <net.h>  // ncnn
 
@@ -620,6 +622,23 @@ std::string verify_table(const VerifyResult& result) {
 
 std::string options_label(const VerifyOptions& options) {
     return "fp32/t" + std::to_string(options.threads) + (options.vulkan ? "/vulkan" : "");
+}
+
+int run_verify(const fs::path& package, const VerifyOptions& options, const std::string& error_prefix) {
+    try {
+        const VerifyResult result = verify_goldens(package, options);
+        std::cout << "## verify " << package.string() << " (" << options_label(options) << "; judged as "
+                  << (options.vulkan ? "vulkan_fp32" : "fp32") << "; " << (options.vulkan ? "Vulkan" : "CPU") << ")\n"
+                  << verify_table(result);
+        return result.passed() ? 0 : 1;
+    } catch (const BadPackage& e) {
+        std::cerr << error_prefix << e.what() << "\n";
+    } catch (const std::invalid_argument& e) {
+        std::cerr << error_prefix << e.what() << "\n";
+    } catch (const IoError& e) {
+        std::cerr << error_prefix << e.what() << "\n";
+    }
+    return 2;
 }
 
 }  // namespace ncnnport

@@ -138,20 +138,7 @@ int cmd_verify(const std::vector<std::string>& args) {
     std::string package;
     ncnnport::VerifyOptions opts;
     if (!parse_verify_args(args, package, opts)) return usage();
-    try {
-        const ncnnport::VerifyResult result = ncnnport::verify_goldens(package, opts);
-        std::cout << "## verify " << package << " (" << ncnnport::options_label(opts) << "; judged as "
-                  << (opts.vulkan ? "vulkan_fp32" : "fp32") << "; " << (opts.vulkan ? "Vulkan" : "CPU") << ")\n"
-                  << ncnnport::verify_table(result);
-        return result.passed() ? 0 : 1;
-    } catch (const ncnnport::BadPackage& e) {
-        std::cerr << "verify: " << e.what() << "\n";
-    } catch (const std::invalid_argument& e) {
-        std::cerr << "verify: " << e.what() << "\n";
-    } catch (const ncnnport::IoError& e) {
-        std::cerr << "verify: " << e.what() << "\n";
-    }
-    return 2;
+    return ncnnport::run_verify(package, opts, "verify: ");
 #else
     (void)args;
     std::cerr << "built without ncnn\n";

@@ -154,7 +154,7 @@ void write_npy(const std::filesystem::path& path, const FloatArray& a) {
     if (!out) throw NpyError(path.string() + ": cannot write");
 }
 
-std::map<std::string, FloatArray> read_npz(const std::filesystem::path& path) {
+std::map<std::string, FloatArray> read_float_npz(const std::filesystem::path& path) {
     const std::string b = slurp(path);
     std::map<std::string, FloatArray> out;
     for (const ZipEntry& e : central_directory(b, path.string())) {

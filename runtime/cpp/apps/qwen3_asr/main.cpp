@@ -3,12 +3,14 @@
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
 //                      [--mel-out FILE]
+//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
 // cut -> per chunk: log-mel, encoder, prompt ids, greedy decode over the KV cache, official
 // parsing; chunks joined. Prints "language: X" and the text; --json-out writes per-chunk token
 // ids, language, text and timings. Exit 0 ok, 1 a graph failed at run time, 2 bad usage,
-// package or audio (one line naming the file).
+// package or audio (one line naming the file). --verify checks the package instead (manifest and
+// every graph's golden vectors, ncnnport::run_verify) and exits as `ncnnport-cpp verify` does.
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "asr.h"
 #include "chunking.h"
 #include "ncnnport/audio.h"
+#include "ncnnport/golden_verify.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/sha256.h"
 
@@ -36,6 +39,7 @@ struct Args {
     int max_new_tokens = -1;  // -1: model.json's generation.max_new_tokens
     double max_chunk_seconds = -1;
     bool vulkan = false, check = true;
+    bool verify = false;  // the package's golden vectors instead of a transcription
 };
 
 class UsageError : public std::runtime_error {
@@ -46,7 +50,8 @@ public:
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE]\n";
+    "                          [--mel-out FILE]\n"
+    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]\n";
 
 int int_arg(const std::string& flag, const std::string& value, int lo) {
     try {
@@ -56,6 +61,14 @@ int int_arg(const std::string& flag, const std::string& value, int lo) {
     } catch (const std::exception&) {
     }
     throw UsageError(flag + " '" + value + "': expected an integer >= " + std::to_string(lo));
+}
+
+// --verify judges the package alone: a transcription option beside it would be silently unused.
+void check_verify_args(const Args& a) {
+    if (a.package.empty()) throw UsageError("--verify needs --package");
+    if (!a.audio.empty() || !a.language.empty() || !a.json_out.empty() || !a.mel_out.empty() || a.max_new_tokens >= 0
+        || a.max_chunk_seconds > 0 || !a.check)
+        throw UsageError("--verify takes only --package, --threads and --vulkan");
 }
 
 Args parse_args(int argc, char** argv) {
@@ -81,9 +94,11 @@ Args parse_args(int argc, char** argv) {
                 throw UsageError("--max-chunk-seconds '" + v + "': expected a positive number");
         } else if (flag == "--vulkan") a.vulkan = true;
         else if (flag == "--no-check") a.check = false;
+        else if (flag == "--verify") a.verify = true;
         else throw UsageError("unknown option " + flag);
     }
-    if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
+    if (a.verify) check_verify_args(a);
+    else if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
 #if !NCNN_VULKAN
     if (a.vulkan) throw UsageError("--vulkan: this build's ncnn has no Vulkan backend (build with make cpp VULKAN=1)");
 #endif
@@ -162,7 +177,9 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
     try {
-        return run(parse_args(argc, argv));
+        const Args args = parse_args(argc, argv);
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan}, "ncnnport-qwen3-asr: ");
+        return run(args);
     } catch (const UsageError& e) {
         std::cerr << "ncnnport-qwen3-asr: " << e.what() << "\n" << kUsage;
         return 2;

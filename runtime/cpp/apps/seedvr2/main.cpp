@@ -3,9 +3,12 @@
 //   ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz
 //                    [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]
 //                    [--json-out FILE]
+//   ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan]
 //
 // Writes DIR/frame_00000.png ... (DIR new or empty). Exit codes: 0 ok, 1 a failure while running
 // (an ncnn call, a write), 2 bad arguments, package or input (one line naming the file).
+// --verify checks the package instead (manifest and every graph's golden vectors,
+// ncnnport::run_verify) and exits as `ncnnport-cpp verify` does: 0 pass, 1 a failed row, 2 unjudgeable.
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ncnnport/golden_verify.h"
 #include "ncnnport/image_io.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/seedvr2_npy.h"
@@ -38,13 +42,15 @@ struct Args {
     int64_t area = 0;
     int threads = 1;
     bool vulkan = false, colour_fix = true, check = true;
+    bool verify = false;  // the package's golden vectors instead of a restoration
     ncnnport::seedvr2::Perturb perturb;
 };
 
 const char* kUsage =
     "usage: ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz\n"
     "                        [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]\n"
-    "                        [--json-out FILE] [--dump-stages DIR]\n";
+    "                        [--json-out FILE] [--dump-stages DIR]\n"
+    "       ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan]\n";
 
 int64_t positive(const std::string& flag, const std::string& v) {
     try {
@@ -54,6 +60,14 @@ int64_t positive(const std::string& flag, const std::string& v) {
     } catch (const std::exception&) {
     }
     throw InputError(flag + ": '" + v + "' is not a positive integer");
+}
+
+// --verify judges the package alone: a restoration option beside it would be silently unused.
+void check_verify_args(const Args& a) {
+    if (a.package.empty()) throw InputError("--verify needs --package\n" + std::string(kUsage));
+    if (!a.input.empty() || !a.output.empty() || !a.noise.empty() || !a.json_out.empty() || !a.dump_dir.empty() || a.area
+        || !a.colour_fix || !a.check || a.perturb.swap_shift || a.perturb.flip_rope_h_w)
+        throw InputError("--verify takes only --package, --threads and --vulkan");
 }
 
 Args parse(int argc, char** argv) {
@@ -73,6 +87,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--vulkan") a.vulkan = true;
         else if (f == "--no-colour-fix") a.colour_fix = false;
         else if (f == "--no-check") a.check = false;
+        else if (f == "--verify") a.verify = true;
         // test-only perturbations (tests/cpp/test_seedvr2_cpp.py proves they break parity)
         else if (f == "--perturb" ) {
             const std::string p = value();
@@ -80,6 +95,10 @@ Args parse(int argc, char** argv) {
             else if (p == "flip-rope") a.perturb.flip_rope_h_w = true;
             else throw InputError("--perturb: unknown '" + p + "'");
         } else throw InputError("unknown argument '" + f + "'\n" + kUsage);
+    }
+    if (a.verify) {
+        check_verify_args(a);
+        return a;
     }
     for (const auto& [flag, p] : paths)
         if (flag != "--json-out" && flag != "--dump-stages" && p->empty()) throw InputError(flag + " is required\n" + kUsage);
@@ -136,7 +155,7 @@ void check_output(const fs::path& in, const fs::path& out) {
 ncnnport::seedvr2::Noise read_noise(const fs::path& path) {
     std::map<std::string, ncnnport::FloatArray> arrays;
     try {
-        arrays = ncnnport::read_npz(path);
+        arrays = ncnnport::read_float_npz(path);
     } catch (const ncnnport::NpyError& e) {
         throw InputError(e.what());
     }
@@ -238,7 +257,9 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
     try {
-        return run(parse(argc, argv));
+        const Args args = parse(argc, argv);
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan}, "ncnnport-seedvr2: ");
+        return run(args);
     } catch (const InputError& e) {
         std::cerr << "ncnnport-seedvr2: " << e.what() << "\n";
         return 2;

@@ -53,4 +53,10 @@ std::string verify_table(const VerifyResult& result);
 // "fp32/t1" (+ "/vulkan"): the options label ncnnport's RuntimeOptions prints.
 std::string options_label(const VerifyOptions& options);
 
+// The whole `verify` command, shared by `ncnnport-cpp verify` and every per-model executable's
+// `--verify` so they print and exit alike: the heading and table on stdout; exit 0 all rows pass,
+// 1 a row failed, 2 a package that cannot be judged or unusable options (one line on stderr,
+// `error_prefix` first).
+int run_verify(const std::filesystem::path& package, const VerifyOptions& options, const std::string& error_prefix);
+
 }  // namespace ncnnport

@@ -34,7 +34,9 @@ FloatArray read_npy(const std::filesystem::path& path);
 // Writes ``a`` as a version-1.0 '<f4' C-order .npy (stage dumps for debugging and tests).
 void write_npy(const std::filesystem::path& path, const FloatArray& a);
 
-// Every member of an .npz, keyed by name without the ".npy" suffix.
-std::map<std::string, FloatArray> read_npz(const std::filesystem::path& path);
+// Every member of an .npz (float32 arrays), keyed by name without the ".npy" suffix. Not named
+// read_npz: npz.h's read_npz (golden vectors) has the same parameters, and a return type is not
+// part of the mangled name, so the two collided at link time once one executable used both.
+std::map<std::string, FloatArray> read_float_npz(const std::filesystem::path& path);
 
 }  // namespace ncnnport
