@@ -33,10 +33,8 @@ def run_exe(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def cpp_exe() -> Path:
-    """`make cpp` once per session (ncnn from the cache, then an incremental CMake build)."""
-    if "NCNNPORT_CPP_EXE" in os.environ:
-        return EXE
+def cpp_exe(built_cpp) -> Path:
+    return built_cpp(EXE, "NCNNPORT_CPP_EXE")
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)

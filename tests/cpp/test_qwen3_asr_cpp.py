@@ -93,15 +93,8 @@ def test_runtime_cpp_refuses_python_only_options(capsys):
 
 
 @pytest.fixture(scope="module")
-def exe() -> Path:
-    if "NCNNPORT_CPP_BUILD" not in os.environ:
-        if shutil.which("make") is None:
-            pytest.skip("make is not installed")
-        res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    assert EXE.is_file()
-    return EXE
+def exe(built_cpp) -> Path:
+    return built_cpp(EXE, "NCNNPORT_CPP_BUILD")
 
 
 @pytest.fixture(scope="module")

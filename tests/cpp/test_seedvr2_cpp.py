@@ -34,10 +34,8 @@ GRAPH_STAGES = ("posterior_mean", "latent", "velocity", "decoded")
 
 
 @pytest.fixture(scope="session")
-def seedvr2_exe() -> Path:
-    """`make cpp` once per session (ncnn from the cache, then an incremental CMake build)."""
-    if "NCNNPORT_SEEDVR2_EXE" in os.environ:
-        return EXE
+def seedvr2_exe(built_cpp) -> Path:
+    return built_cpp(EXE, "NCNNPORT_SEEDVR2_EXE")
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)

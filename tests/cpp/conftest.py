@@ -1,0 +1,47 @@
+"""Shared by the C++ runtime tests: `make cpp` at most once per session, under a lock.
+
+Why one fixture: every executable comes out of the same CMake tree (build/cpp), and two `make cpp`
+runs in one tree (two test files, or a test beside a user's build) break each other's objects;
+the lock (filelock, the build folders' own lock library) makes a second process wait instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_cpp() -> None:
+    """`make cpp` (ncnn from the cache, then an incremental CMake build); a failure fails the test."""
+    from filelock import FileLock
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    (ROOT / "build").mkdir(exist_ok=True)
+    with FileLock(str(ROOT / "build" / "cpp.make.lock")):
+        res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def built_cpp() -> Callable[[Path, str], Path]:
+    """``built_cpp(exe, env_var)``: ``exe`` after one `make cpp` per session, unless ``env_var``
+    is set (then ``exe`` is a prebuilt executable the caller named, used as it is)."""
+    done: list[bool] = []
+
+    def get(exe: Path, env_var: str) -> Path:
+        if env_var not in os.environ and not done:
+            make_cpp()
+            done.append(True)
+        assert exe.is_file(), f"{exe} was not built"
+        return exe
+
+    return get
