@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "ncnnport/manifest.h"
+#include "ncnnport/ncnn_graph.h"
 #include "ncnnport/npz.h"
 #include "ncnnport/sha256.h"
 
@@ -464,15 +465,7 @@ std::pair<bool, std::string> judge(const Stats& s, const Tolerance& tol) {
 // running a graph
 
 ncnn::Option fp32_option(const VerifyOptions& options) {
-    ncnn::Option opt;
-    opt.num_threads = options.threads;
-    opt.use_vulkan_compute = options.vulkan;
-    opt.use_fp16_storage = false;
-    opt.use_fp16_packed = false;
-    opt.use_fp16_arithmetic = false;
-    opt.use_bf16_storage = false;
-    opt.use_packing_layout = true;
-    return opt;
+    return fp32_options(options.threads, options.vulkan);
 }
 
 void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, const VerifyOptions& options) {

@@ -113,6 +113,18 @@ ncnn::Mat ids_mat(const std::vector<int32_t>& ids) {
     return m;
 }
 
+ncnn::Option fp32_options(int threads, bool vulkan) {
+    ncnn::Option opt;
+    opt.num_threads = threads;
+    opt.use_vulkan_compute = vulkan;
+    opt.use_fp16_storage = false;
+    opt.use_fp16_packed = false;
+    opt.use_fp16_arithmetic = false;
+    opt.use_bf16_storage = false;
+    opt.use_packing_layout = true;
+    return opt;
+}
+
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options)
     : name_(name), net_(std::make_unique<ncnn::Net>()) {
     const JsonFile spec = JsonFile::load(package / "specs" / (name + ".spec.json"));
@@ -122,15 +134,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     const auto weights = package / "ncnn" / (name + ".ncnn.bin");
     for (const auto& p : {param, weights})
         if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name + ")");
-    // The Python loop's fp32 options (runtime/options.py FP32); ncnn's own defaults differ
-    // (fp16 storage on), which would change every number.
-    net_->opt.num_threads = options.threads;
-    net_->opt.use_fp16_storage = false;
-    net_->opt.use_fp16_packed = false;
-    net_->opt.use_fp16_arithmetic = false;
-    net_->opt.use_bf16_storage = false;
-    net_->opt.use_packing_layout = true;
-    net_->opt.use_vulkan_compute = options.vulkan;
+    net_->opt = fp32_options(options.threads, options.vulkan);
 #if NCNN_VULKAN
     if (options.vulkan) {
         if (ncnn::get_gpu_count() == 0) throw GraphError("graph " + name + ": --vulkan but ncnn sees no GPU");

@@ -1,4 +1,5 @@
 #include "ncnnport/seedvr2_graph.h"
+#include "ncnnport/ncnn_graph.h"
 
 #include <nlohmann/json.hpp>
 
@@ -103,14 +104,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     inputs_ = blob_specs(spec.value("inputs", nlohmann::json()), spec_path.string() + " inputs");
     outputs_ = blob_specs(spec.value("outputs", nlohmann::json()), spec_path.string() + " outputs");
     net_ = std::make_unique<ncnn::Net>();
-    ncnn::Option& opt = net_->opt;  // RuntimeOptions fp32 (runtime/options.py), set before load_param
-    opt.num_threads = options.threads;
-    opt.use_vulkan_compute = options.vulkan;
-    opt.use_fp16_storage = false;
-    opt.use_fp16_packed = false;
-    opt.use_fp16_arithmetic = false;
-    opt.use_bf16_storage = false;
-    opt.use_packing_layout = true;
+    net_->opt = ncnnport::fp32_options(options.threads, options.vulkan);  // set before load_param
 #if NCNN_VULKAN
     if (options.vulkan) {
         if (ncnn::get_gpu_count() == 0) throw GraphError("module " + name + ": Vulkan requested but ncnn sees no GPU");

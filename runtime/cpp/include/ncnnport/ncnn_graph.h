@@ -33,6 +33,10 @@ struct GraphOptions {
     bool vulkan = false;  // needs ncnn built with NCNN_VULKAN (make cpp VULKAN=1)
 };
 
+// The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
+// before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
+ncnn::Option fp32_options(int threads, bool vulkan);
+
 // One input or output of a spec: each axis a fixed size or a symbol ("seq") bound per call.
 struct TensorSpec {
     std::string name;
