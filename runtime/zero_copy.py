@@ -16,6 +16,12 @@ Two facts of ncnn python 1.0.20261020 (measured; see tests/runtime/test_zero_cop
 header, when the view starts at the Mat's first element and covers whole rows of every channel.
 :class:`ZeroCopyRunner` wraps an ``NcnnModule`` with the same interface and checks, borrowing
 those inputs and copying every other one exactly as ``NcnnModule`` does.
+
+On a Vulkan net nothing is borrowed: ncnn's upload (``VkCompute::record_upload``, 1.0.20261020)
+sizes its staging buffer from the header's dims (a compact ``cstep``) but copies
+``total() = cstep * c`` of the source, and a view's ``cstep`` is the owner's (full capacity), so
+the upload writes past the staging buffer: heap corruption ("malloc(): unsorted double linked
+list corrupted" on lavapipe, youtu-vl decode). The upload copies anyway, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -75,12 +81,14 @@ class ZeroCopyRunner:
         self.inputs = module.inputs
         self.outputs = module.outputs
         self.net = module.net
+        self.vulkan = bool(module.options.use_vulkan)  # an upload copies: borrow only on the CPU
         self.borrowed: list[str] = []
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         if len(arrays) != len(self.inputs):
             raise ValueError(f"module {self.name}: expected {len(self.inputs)} inputs, got {len(arrays)}")
-        outs, self.borrowed = self.module.run_with(arrays, borrow=ncnn_view)
+        borrow = None if self.vulkan else ncnn_view
+        outs, self.borrowed = self.module.run_with(arrays, borrow=borrow)
         return outs
 
 

@@ -8,27 +8,12 @@ the lock (filelock, the build folders' own lock library) makes a second process 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_cpp() -> None:
-    """`make cpp` (ncnn from the cache, then an incremental CMake build); a failure fails the test."""
-    from filelock import FileLock
-
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    (ROOT / "build").mkdir(exist_ok=True)
-    with FileLock(str(ROOT / "build" / "cpp.make.lock")):
-        res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+from tests.cpp.make_targets import make_cpp
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.cpp.make_targets import run_make
+
 ROOT = Path(__file__).resolve().parents[2]
 CPP = ROOT / "runtime" / "cpp"
 AARCH64_EXE = ROOT / "build" / "cpp-aarch64" / "ncnnport-cpp"
@@ -111,7 +113,7 @@ def aarch64_verify() -> tuple[subprocess.CompletedProcess, float]:
     if os.geteuid() != 0 and not (shutil.which("aarch64-linux-gnu-g++") and shutil.which("qemu-aarch64")):
         pytest.skip("needs g++-aarch64-linux-gnu and qemu-user (or root to install them)")
     start = time.monotonic()
-    res = subprocess.run(["make", "cpp-aarch64-verify"], cwd=ROOT, capture_output=True, text=True, check=False)
+    res = run_make("cpp-aarch64-verify")
     return res, time.monotonic() - start
 
 

@@ -29,6 +29,7 @@ from PIL import Image
 from ncnnport.contract import Tolerance
 from ncnnport.drivers import cpp_package_cases, cpp_parity
 from ncnnport.registry import CppCase
+from tests.cpp.make_targets import make_cpp
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -245,11 +246,7 @@ def test_a_model_without_an_executable_is_skipped_in_one_line(monkeypatch, capsy
 def built() -> Path:
     """`make cpp` once (ncnn from the version-keyed cache, then an incremental CMake build)."""
     if "NCNNPORT_CPP_BUILD" not in os.environ:
-        if shutil.which("make") is None:
-            pytest.skip("make is not installed")
-        res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        make_cpp()
     return BUILD
 
 

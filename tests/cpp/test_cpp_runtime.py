@@ -21,6 +21,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.cpp.make_targets import make_cpp
+
 ROOT = Path(__file__).resolve().parents[2]
 CPP = ROOT / "runtime" / "cpp"
 # NCNNPORT_CPP_EXE runs the tests against another build (e.g. build/cpp-vulkan) without `make cpp`.
@@ -52,13 +54,6 @@ def run_exe(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def cpp_exe(built_cpp) -> Path:
     return built_cpp(EXE, "NCNNPORT_CPP_EXE")
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    assert EXE.is_file()
-    return EXE
 
 
 _PACKAGES: dict[str, Path] = {}
@@ -228,8 +223,7 @@ def test_make_cpp_relinks_the_current_ncnn_after_an_options_change(cpp_exe, tmp_
     cache = ROOT / "build" / "cpp" / "CMakeCache.txt"
     subprocess.run(["cmake", "-S", str(CPP), "-B", str(cache.parent), f"-Dncnn_DIR={other}/lib/cmake/ncnn"],
                    capture_output=True, check=True)
-    res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-    assert res.returncode == 0, res.stderr[-2000:]
+    make_cpp()
     (line,) = [x for x in cache.read_text().splitlines() if x.startswith("ncnn_DIR:")]
     assert line.split("=", 1)[1] == f"{prefix}/lib/cmake/ncnn"
 

@@ -35,12 +35,6 @@ def run_exe(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def cpp_exe(built_cpp) -> Path:
     return built_cpp(EXE, "NCNNPORT_CPP_EXE")
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    return EXE
 
 
 _PACKAGES: dict[str, Path] = {}

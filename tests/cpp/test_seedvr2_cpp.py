@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -36,13 +35,6 @@ GRAPH_STAGES = ("posterior_mean", "latent", "velocity", "decoded")
 @pytest.fixture(scope="session")
 def seedvr2_exe(built_cpp) -> Path:
     return built_cpp(EXE, "NCNNPORT_SEEDVR2_EXE")
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    res = subprocess.run(["make", "cpp"], cwd=ROOT, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"make cpp failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    assert EXE.is_file()
-    return EXE
 
 
 @pytest.fixture(scope="session")

@@ -25,13 +25,14 @@ MatMul mm 2 1 q k s 0=1
 """
 
 
-def graph(tmp_path, name, text, inputs, outputs):
+def graph(tmp_path, name, text, inputs, outputs, options=None):
     (tmp_path / f"{name}.param").write_text(text)
     (tmp_path / f"{name}.bin").write_bytes(b"")
     spec = {"name": name,
             "inputs": [{"name": n, "shape": list(s), "dtype": "float32"} for n, s in inputs],
             "outputs": [{"name": n, "shape": list(s), "dtype": "float32"} for n, s in outputs]}
-    return NcnnModule(tmp_path / f"{name}.param", tmp_path / f"{name}.bin", spec)
+    extra = {} if options is None else {"options": options}
+    return NcnnModule(tmp_path / f"{name}.param", tmp_path / f"{name}.bin", spec, **extra)
 
 
 def filled(length=5, capacity=9, heads=2, head_dim=4, seed=0):
@@ -110,6 +111,28 @@ def test_zero_copy_runner_equals_the_copying_runner(tmp_path):
     (got8,) = runner.run([q, cache.past(0)[0]])
     assert got8.shape == (1, 2, 3, 8)
     np.testing.assert_allclose(got8[..., 7], q.sum(-1), rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_nothing_is_borrowed_on_vulkan_where_the_upload_copies(tmp_path):
+    """ncnn's Vulkan upload copies ``cstep * c`` elements into a staging buffer sized from the dims:
+    a cache view (the owner's full-capacity cstep, few rows) overflowed it (heap corruption, youtu-vl
+    verify --backend vulkan on lavapipe). On Vulkan the runner copies like NcnnModule."""
+    from ncnnport.drivers.bench import vulkan_available
+    from ncnnport.runtime.options import RuntimeOptions
+
+    if not vulkan_available():
+        pytest.skip("no Vulkan device on this machine")
+    mod = graph(tmp_path, "mm", MATMUL, [("q", (1, 4, 3, 64)), ("k", (1, 4, "p", 64))], [("s", (1, 4, 3, "p"))],
+                options=RuntimeOptions(use_vulkan=True))
+    cache = filled(length=2, capacity=2048, heads=4, head_dim=64)
+    q = np.random.default_rng(2).standard_normal((1, 4, 3, 64)).astype(np.float32)
+    runner = zero_copy(mod)
+    for _ in range(20):
+        (got,) = runner.run([q, cache.past(0)[0]])
+        assert runner.borrowed == []
+    k = cache.past(0)[0]
+    np.testing.assert_allclose(got, q @ np.swapaxes(k, -1, -2), rtol=1e-4, atol=1e-4)
 
 
 def test_zero_copy_runner_keeps_the_host_checks(tmp_path):

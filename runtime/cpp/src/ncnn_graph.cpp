@@ -191,6 +191,18 @@ Tensor Graph::fetch_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std
     return out;
 }
 
+namespace {
+// A cache view (kv_cache.h) keeps its owner's channel step. ncnn's Vulkan upload
+// (VkCompute::record_upload, 1.0.20261020) sizes the staging buffer from the dims but copies
+// cstep * c elements of the source: a view with a larger step writes past the staging buffer
+// (heap corruption, seen on lavapipe). The upload copies anyway, so on Vulkan such an input is
+// first cloned into a compact Mat; on the CPU it is read in place.
+bool compact(const ncnn::Mat& m) {
+    const size_t plane = static_cast<size_t>(m.w) * m.h * m.d * m.elemsize;
+    return m.dims < 3 || m.cstep == ((plane + 15) & ~static_cast<size_t>(15)) / m.elemsize;
+}
+}  // namespace
+
 std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
     if (inputs.size() != inputs_.size())
         throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
@@ -199,8 +211,9 @@ std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
     for (size_t i = 0; i < inputs.size(); ++i) bind_input(inputs_[i], inputs[i], sizes);
     const auto t0 = std::chrono::steady_clock::now();
     ncnn::Extractor ex = net_->create_extractor();
+    const bool upload = net_->opt.use_vulkan_compute;
     for (size_t i = 0; i < inputs.size(); ++i)
-        if (ex.input(inputs_[i].name.c_str(), inputs[i]) != 0)
+        if (ex.input(inputs_[i].name.c_str(), upload && !compact(inputs[i]) ? inputs[i].clone() : inputs[i]) != 0)
             throw GraphError("graph " + name_ + ": input blob '" + inputs_[i].name + "' rejected");
     std::vector<ncnn::Mat> mats(outputs_.size());
     for (size_t i = 0; i < outputs_.size(); ++i) {
