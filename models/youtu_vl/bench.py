@@ -26,10 +26,16 @@ STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), 
                                       "layers": ("16", "512")}
 # `make bench-perf MODEL=youtu-vl` (once per --precision): the LLM layers alone (the per-layer
 # decode speed targets), a whole token (layers + the 283386 x 2560 tied head, which dominates at
-# real size), and the vision encoder at the speed targets' two image sizes. Under fp16 storage the
-# one-token stages run the ``decode`` graph variants, as ``run --precision fp16-storage`` does.
+# real size), and the whole vision encoder at 448x448. Under fp16 storage the one-token stages run
+# the ``decode`` graph variants, as ``run --precision fp16-storage`` does.
+# Not 1024x1024 or the patch cap: a whole 1024 encoder call is 27 real-width layers of 4096
+# patches, 2-4 minutes per runtime on the 2-core machine (measured per layer by vision_bench), so
+# 3 warm-up + 20 interleaved rounds of torch and ncnn ran for hours; that is what stopped the
+# earlier run after 15 minutes. `python -m ncnnport.models.youtu_vl.vision_bench` times those
+# sizes one layer of each kind at a time (the cap extrapolated, labelled).
+VISION_BY_LAYER = "timed per layer by `python -m ncnnport.models.youtu_vl.vision_bench` (README)"
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
-                                     "vision_encoder": ["448x448", "1024x1024"]}
+                                     "vision_encoder": ["448x448"]}
 # Issue 17's targets, judged by `make bench-perf` on the rows it measured: the whole fp16-weight
 # token >= 3x torch fp32 eager (>= 1.7x where torch already runs at >= 50 % of the bound), the
 # layers flat in context (P=1000 <= 1.1x P=100) and at >= 85 % of the bound at both positions,
@@ -41,8 +47,9 @@ PERF_TARGETS = [
                over_size="100"),
     *(PerfTarget(f"layers >= 85 % of bound, P={p}", "layers", p, "ncnn_pct_of_bound", at_least=85)
       for p in ("100", "1000")),
-    *(PerfTarget(f"vision encoder {s} vs torch", "vision_encoder", s, "ratio", at_least=1.5)
-      for s in ("448x448", "1024x1024")),
+    PerfTarget("vision encoder 448x448 vs torch", "vision_encoder", "448x448", "ratio", at_least=1.5),
+    *(PerfTarget(f"vision encoder {s} vs torch", "vision_encoder", s, "ratio", at_least=1.5,
+                 unmeasured=VISION_BY_LAYER) for s in ("1024x1024", "cap (36864 patches)")),
 ]
 DECODE_TOKEN = 1000  # any id below the tiny vocabulary; fixed so every call does the same work
 

@@ -1,0 +1,280 @@
+"""Youtu-VL vision encoder speed at large images, measured one layer at a time.
+
+Why per layer: at 1024x1024 (4096 patches) one encoder call is 27 real-width layers, and on
+this project's 2-core machine each layer took 10-30 s per runtime (measured below), so the
+whole-encoder bench (3 warm-up + 20 interleaved rounds, torch and ncnn) needed hours, not 15
+minutes; at the 36864-patch cap the torch reference's full-attention layers alone would hold
+a ``[16, N, N]`` float32 score matrix (87 GB). Nothing in the ncnn graphs grew worse than the
+work: window layers scale with the number of windows, full-attention layers with N^2.
+
+So this bench converts ONE window block and ONE full-attention block at the real widths
+(hidden 1152, 16 heads, MLP 4304) with seeded weights, runs each exactly as the pipeline does
+(window layers once per window of the image's real window layout, full layers once over all
+patches), interleaved with the reference's own blocks in torch, and builds the encoder time as
+``windowed layers x window-layer time + full layers x full-layer time`` (patch embedding,
+post-LN and merger are left out: one Linear each, < 1 layer). Sizes whose layers are too slow
+to time here are extrapolated from the timed ones and labelled ``extrapolated``: window layers
+linearly in the number of windows, full layers by ``t = a N + b N^2`` fitted to the two largest
+timed sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import resource
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ncnnport.models.youtu_vl.config import VisionConfig
+from ncnnport.models.youtu_vl.processor import patch_positions, target_size, window_layout
+from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
+
+TARGET_RATIO = 1.5  # issue 17: the vision encoder >= 1.5x torch at each size
+CAP_PATCHES = 36864
+
+
+@dataclass(frozen=True)
+class LayerCase:
+    """One image size: its patch grid and the windows the pipeline runs a window layer on."""
+
+    label: str
+    grid_hw: tuple[int, int]
+    windows: tuple[tuple[int, int], ...]
+
+    @property
+    def patches(self) -> int:
+        return self.grid_hw[0] * self.grid_hw[1]
+
+
+def case_for(size: str, cfg: VisionConfig) -> LayerCase:
+    """``"HxW"`` pixels, or ``"cap"`` (the 36864-patch square), through the official resize rule."""
+    if size == "cap":
+        side = int(CAP_PATCHES ** 0.5) * cfg.patch_size
+        h, w = side, side
+    else:
+        try:
+            h, w = (int(v) for v in size.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"vision bench size {size!r}: use HxW pixels (e.g. 1024x1024) or 'cap'") from None
+    rh, rw = target_size(h, w, patch=cfg.patch_size, merge=cfg.spatial_merge_size, max_num_patches=CAP_PATCHES)
+    grid = (rh // cfg.patch_size, rw // cfg.patch_size)
+    _, cu = window_layout(*grid, cfg.spatial_merge_size, cfg.window_tokens)
+    bounds = [int(c) for c in cu]
+    return LayerCase(size, grid, tuple(zip(bounds[:-1], bounds[1:])))
+
+
+def two_block_config(cfg: VisionConfig) -> VisionConfig:
+    """The real widths with two blocks: block 0 windowed, block 1 full attention."""
+    return dataclasses.replace(cfg, num_hidden_layers=2, fullatt_block_indexes=(1,))
+
+
+def layer_counts(cfg: VisionConfig) -> tuple[int, int]:
+    """(windowed blocks, full-attention blocks) of the encoder the estimate stands for."""
+    full = len(set(cfg.fullatt_block_indexes))
+    return cfg.num_hidden_layers - full, full
+
+
+def encoder_ms(window_ms: float, full_ms: float, cfg: VisionConfig) -> float:
+    """Encoder time from one layer of each kind (blocks only; see the module docstring)."""
+    n_win, n_full = layer_counts(cfg)
+    return n_win * window_ms + n_full * full_ms
+
+
+def fit_quadratic(n: Sequence[int], ms: Sequence[float]) -> tuple[float, float]:
+    """``(a, b)`` with ``ms = a N + b N^2`` through two measured points (linear work + attention)."""
+    (n1, n2), (t1, t2) = n[-2:], ms[-2:]
+    b = (t2 / n2 - t1 / n1) / (n2 - n1)
+    return t1 / n1 - b * n1, b
+
+
+def rope_inputs(case: LayerCase, cfg: VisionConfig, rng: np.random.Generator) -> list[np.ndarray]:
+    """``[1,N,D]`` hidden states and the case's real RoPE tables (window order does not change cost)."""
+    cos, sin = axial_cos_sin(patch_positions(*case.grid_hw, cfg.spatial_merge_size),
+                             axial_inv_freq(cfg.head_dim, cfg.rope_theta))
+    x = rng.standard_normal((1, case.patches, cfg.hidden_size)).astype(np.float32)
+    return [x, np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32)]
+
+
+def ncnn_layer_call(runner: Any, inputs: list[np.ndarray], spans: Sequence[tuple[int, int]]) -> Callable[[], np.ndarray]:
+    """One layer as ``run_vision_segments`` runs it: the graph once per span, outputs concatenated."""
+    x, cos, sin = inputs
+    parts = [[np.ascontiguousarray(t[:, a:b]) for t in (x, cos, sin)] for a, b in spans]
+
+    def call() -> np.ndarray:
+        return np.concatenate([runner.run(p)[0] for p in parts], axis=1)
+    return call
+
+
+def torch_layer_call(block: Any, inputs: list[np.ndarray], spans: Sequence[tuple[int, int]]) -> Callable[[], Any]:
+    """The reference block (``vision.VisionBlock``: explicit per-window attention) on the same rows."""
+    import torch
+
+    x, cos, sin = (torch.from_numpy(t[0]) for t in inputs)
+    cu = [spans[0][0], *(b for _, b in spans)]
+
+    def call() -> Any:
+        with torch.no_grad():
+            return block(x, cos, sin, cu)
+    return call
+
+
+def build_graphs(cfg: VisionConfig, out: Path, seed: int = 0) -> tuple[Any, dict[str, Path]]:
+    """Seeded two-block tower (torch) and its two one-block segment graphs converted with pnnx
+    exactly as ``specs._segment_spec`` declares them (TorchScript traced at 192 and 64 patches)."""
+    import torch
+
+    from ncnnport.convert.pnnx_runner import convert_module
+    from ncnnport.models.youtu_vl.vision import Siglip2
+    from ncnnport.models.youtu_vl.wrappers import VisionSegmentGraph
+
+    small = two_block_config(cfg)
+    torch.manual_seed(seed)
+    tower = Siglip2(small).eval()
+    with torch.no_grad():
+        for p in tower.parameters():
+            p.normal_(0.0, 0.02)
+
+    class _Parts:  # what VisionSegmentGraph reads: .cfg.vision and .part(name)
+        def __init__(self) -> None:
+            self.cfg = argparse.Namespace(vision=small)
+
+        def part(self, name: str) -> Any:
+            return tower.get_submodule(name.split(".", 1)[1])
+
+    out.mkdir(parents=True, exist_ok=True)
+    graphs = {}
+    for kind, index in (("window", 0), ("full", 1)):
+        name = f"vision_block_{kind}"
+        graphs[kind] = out / f"{name}.ncnn.param"
+        if graphs[kind].is_file():
+            continue
+        wrapper = VisionSegmentGraph(_Parts(), index, index + 1, first=False, last=False).eval()
+        example = tuple(torch.randn(1, 192, d) for d in (small.hidden_size, small.head_dim, small.head_dim))
+        torch.jit.trace(wrapper, example).save(str(out / f"{name}.pt"))
+        convert_module(segment_spec(name, small), out / f"{name}.pt", out)
+    return tower, graphs
+
+
+def segment_spec(name: str, cfg: VisionConfig) -> dict[str, Any]:
+    """The spec JSON of a middle vision segment (no embedding, no post-LN)."""
+    t = lambda n, d: {"name": n, "shape": [1, "patches", d], "dtype": "float32"}  # noqa: E731
+    return {"name": name, "inputs": [t("x", cfg.hidden_size), t("cos", cfg.head_dim), t("sin", cfg.head_dim)],
+            "outputs": [t("hidden_out", cfg.hidden_size)], "axes": {"patches": [192, 64]}}
+
+
+def open_graph(param: Path, cfg: VisionConfig, threads: int) -> Any:
+    from ncnnport.runtime.options import RuntimeOptions
+    from ncnnport.runtime.session import NcnnModule
+
+    return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")),
+                      segment_spec(param.name.split(".")[0], cfg), RuntimeOptions(num_threads=threads))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far (Linux ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_case(case: LayerCase, tower: Any, runners: dict[str, Any], cfg: VisionConfig,
+                 rounds: int) -> dict[str, Any]:
+    """Median ms per layer kind and runtime over ``rounds`` interleaved rounds (1 warm-up), the
+    per-round torch/ncnn ratios' median, and the process's peak RSS after the ncnn calls and
+    after the torch calls (the torch side allocates its own activations and score matrices)."""
+    from ncnnport.runtime.perf_timing import interleaved_ms
+
+    inputs = rope_inputs(case, cfg, np.random.default_rng(0))
+    whole = ((0, case.patches),)
+    blocks = tower.vision_model.encoder.layers
+    nc = [ncnn_layer_call(runners["window"], inputs, case.windows), ncnn_layer_call(runners["full"], inputs, whole)]
+    for call in nc:
+        call()
+    rss_ncnn = peak_rss_mb()
+    th = [torch_layer_call(blocks[0], inputs, case.windows), torch_layer_call(blocks[1], inputs, whole)]
+    times = interleaved_ms([nc[0], th[0], nc[1], th[1]], rounds, warmup=0)
+    med = [statistics.median(t) for t in times]
+    ratio = lambda a, b: statistics.median(y / x for x, y in zip(times[a], times[b]))  # noqa: E731
+    return {"size": case.label, "patches": case.patches, "windows": len(case.windows), "rounds": rounds,
+            "window_ms": {"ncnn": med[0], "torch": med[1], "ratio": ratio(0, 1)},
+            "full_ms": {"ncnn": med[2], "torch": med[3], "ratio": ratio(2, 3)},
+            "peak_rss_mb": {"after_ncnn": rss_ncnn, "after_torch": peak_rss_mb()}, "extrapolated": False}
+
+
+def extrapolate(case: LayerCase, measured: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A size too slow to time: window layers scale with the window count of the largest timed
+    size, full layers follow ``a N + b N^2`` through the two largest timed sizes."""
+    if len(measured) < 2:
+        raise ValueError("extrapolation needs two timed sizes")
+    last = measured[-1]
+    row: dict[str, Any] = {"size": case.label, "patches": case.patches, "windows": len(case.windows),
+                           "rounds": 0, "extrapolated": True, "peak_rss_mb": None}
+    for runtime in ("ncnn", "torch"):
+        row.setdefault("window_ms", {})[runtime] = last["window_ms"][runtime] * len(case.windows) / last["windows"]
+        a, b = fit_quadratic([m["patches"] for m in measured], [m["full_ms"][runtime] for m in measured])
+        row.setdefault("full_ms", {})[runtime] = a * case.patches + b * case.patches ** 2
+    for kind in ("window_ms", "full_ms"):
+        row[kind]["ratio"] = row[kind]["torch"] / row[kind]["ncnn"]
+    return row
+
+
+def encoder_row(row: dict[str, Any], cfg: VisionConfig) -> dict[str, float]:
+    """Full-depth encoder ms per runtime and the torch/ncnn ratio from one layer of each kind."""
+    ms = {r: encoder_ms(row["window_ms"][r], row["full_ms"][r], cfg) for r in ("ncnn", "torch")}
+    return {**ms, "ratio": ms["torch"] / ms["ncnn"]}
+
+
+def table(rows: Sequence[dict[str, Any]], cfg: VisionConfig, threads: int) -> list[str]:
+    """Markdown rows: per-layer medians, the encoder estimate and the >= 1.5x verdict."""
+    n_win, n_full = layer_counts(cfg)
+    out = [f"| threads | size | patches | windows | window layer ncnn / torch ms (x) | full layer ncnn / torch ms (x) "
+           f"| encoder ({n_win} win + {n_full} full) ncnn / torch s | ratio | >= {TARGET_RATIO}x | peak RSS MB (ncnn / +torch) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        enc = encoder_row(r, cfg)
+        w, f = r["window_ms"], r["full_ms"]
+        rss = r["peak_rss_mb"]
+        out.append(f"| {threads} | {r['size']}{' (extrapolated)' if r['extrapolated'] else ''} | {r['patches']} "
+                   f"| {r['windows']} | {w['ncnn']:.0f} / {w['torch']:.0f} ({w['ratio']:.2f}) "
+                   f"| {f['ncnn']:.0f} / {f['torch']:.0f} ({f['ratio']:.2f}) "
+                   f"| {enc['ncnn'] / 1e3:.1f} / {enc['torch'] / 1e3:.1f} | {enc['ratio']:.2f} "
+                   f"| {'met' if enc['ratio'] >= TARGET_RATIO else 'not met'} "
+                   f"| {_rss_text(rss)} |")
+    return out
+
+
+def _rss_text(rss: dict[str, float] | None) -> str:
+    return "-" if rss is None else f"{rss['after_ncnn']:.0f} / {rss['after_torch']:.0f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ncnnport.models.youtu_vl.vision_bench",
+                                description="Youtu-VL vision layers at real width, ncnn vs torch, interleaved")
+    p.add_argument("--sizes", default="448x448,1024x1024", help="timed sizes, HxW pixels")
+    p.add_argument("--extrapolate", default="cap", help="sizes estimated from the timed ones ('' for none)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--build", type=Path, default=Path("build/youtu-vl/vision-bench"))
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    cfg = VisionConfig()
+    tower, graphs = build_graphs(cfg, args.build)
+    runners = {k: open_graph(v, two_block_config(cfg), args.threads) for k, v in graphs.items()}
+    rows = []
+    for size in [s for s in args.sizes.split(",") if s]:
+        rows.append(measure_case(case_for(size, cfg), tower, runners, cfg, args.rounds))
+        print(f"timed {size}: {rows[-1]}", file=sys.stderr, flush=True)
+    for size in [s for s in args.extrapolate.split(",") if s]:
+        rows.append(extrapolate(case_for(size, cfg), [r for r in rows if not r["extrapolated"]]))
+    print("\n".join(table(rows, cfg, args.threads)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
