@@ -13,9 +13,12 @@ So this bench converts ONE window block and ONE full-attention block at the real
 patches), interleaved with the reference's own blocks in torch, and builds the encoder time as
 ``windowed layers x window-layer time + full layers x full-layer time`` (patch embedding,
 post-LN and merger are left out: one Linear each, < 1 layer). Sizes whose layers are too slow
-to time here are extrapolated from the timed ones and labelled ``extrapolated``: window layers
-linearly in the number of windows, full layers by ``t = a N + b N^2`` fitted to the two largest
-timed sizes.
+to time here are extrapolated from the largest timed size and labelled ``extrapolated``: a window
+layer scales with the patch count (its windows are all full at 1024 and at the cap), and a full
+layer is that window layer plus the attention pairs it adds, ``b (N^2 - sum of window^2)``, with
+``b`` read off the timed size (full minus window layer at the same N: the Gemms are identical).
+A fit through two sizes was tried and dropped: at 784 patches the N^2 term is a few percent of
+the time, so load noise there swung the fitted cap estimate by 16x between two runs.
 """
 
 from __future__ import annotations
@@ -86,11 +89,9 @@ def encoder_ms(window_ms: float, full_ms: float, cfg: VisionConfig) -> float:
     return n_win * window_ms + n_full * full_ms
 
 
-def fit_quadratic(n: Sequence[int], ms: Sequence[float]) -> tuple[float, float]:
-    """``(a, b)`` with ``ms = a N + b N^2`` through two measured points (linear work + attention)."""
-    (n1, n2), (t1, t2) = n[-2:], ms[-2:]
-    b = (t2 / n2 - t1 / n1) / (n2 - n1)
-    return t1 / n1 - b * n1, b
+def attention_pairs(case: LayerCase) -> tuple[int, int]:
+    """(query-key pairs of a full-attention layer, of a window layer) over the case's patches."""
+    return case.patches ** 2, sum((b - a) ** 2 for a, b in case.windows)
 
 
 def rope_inputs(case: LayerCase, cfg: VisionConfig, rng: np.random.Generator) -> list[np.ndarray]:
@@ -205,21 +206,22 @@ def measure_case(case: LayerCase, tower: Any, runners: dict[str, Any], cfg: Visi
             "peak_rss_mb": {"after_ncnn": rss_ncnn, "after_torch": peak_rss_mb()}, "extrapolated": False}
 
 
-def extrapolate(case: LayerCase, measured: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """A size too slow to time: window layers scale with the window count of the largest timed
-    size, full layers follow ``a N + b N^2`` through the two largest timed sizes."""
-    if len(measured) < 2:
-        raise ValueError("extrapolation needs two timed sizes")
-    last = measured[-1]
-    row: dict[str, Any] = {"size": case.label, "patches": case.patches, "windows": len(case.windows),
-                           "rounds": 0, "extrapolated": True, "peak_rss_mb": None}
+def extrapolate(case: LayerCase, timed: LayerCase, row: dict[str, Any]) -> dict[str, Any]:
+    """``case`` estimated from the measured ``row`` of ``timed`` (see the module docstring)."""
+    scale = case.patches / timed.patches
+    full_pairs, win_pairs = attention_pairs(case)
+    timed_full, timed_win = attention_pairs(timed)
+    out: dict[str, Any] = {"size": case.label, "patches": case.patches, "windows": len(case.windows),
+                           "rounds": 0, "extrapolated": True, "peak_rss_mb": None,
+                           "window_ms": {}, "full_ms": {}}
     for runtime in ("ncnn", "torch"):
-        row.setdefault("window_ms", {})[runtime] = last["window_ms"][runtime] * len(case.windows) / last["windows"]
-        a, b = fit_quadratic([m["patches"] for m in measured], [m["full_ms"][runtime] for m in measured])
-        row.setdefault("full_ms", {})[runtime] = a * case.patches + b * case.patches ** 2
+        win = row["window_ms"][runtime]
+        per_pair = (row["full_ms"][runtime] - win) / (timed_full - timed_win)
+        out["window_ms"][runtime] = win * scale
+        out["full_ms"][runtime] = win * scale + per_pair * (full_pairs - win_pairs)
     for kind in ("window_ms", "full_ms"):
-        row[kind]["ratio"] = row[kind]["torch"] / row[kind]["ncnn"]
-    return row
+        out[kind]["ratio"] = out[kind]["torch"] / out[kind]["ncnn"]
+    return out
 
 
 def encoder_row(row: dict[str, Any], cfg: VisionConfig) -> dict[str, float]:
@@ -266,12 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = VisionConfig()
     tower, graphs = build_graphs(cfg, args.build)
     runners = {k: open_graph(v, two_block_config(cfg), args.threads) for k, v in graphs.items()}
-    rows = []
-    for size in [s for s in args.sizes.split(",") if s]:
-        rows.append(measure_case(case_for(size, cfg), tower, runners, cfg, args.rounds))
-        print(f"timed {size}: {rows[-1]}", file=sys.stderr, flush=True)
+    rows, cases = [], [case_for(size, cfg) for size in args.sizes.split(",") if size]
+    if not cases:
+        p.error("--sizes: give at least one HxW size to time")
+    for case in cases:
+        rows.append(measure_case(case, tower, runners, cfg, args.rounds))
+        print(f"timed {case.label}: {rows[-1]}", file=sys.stderr, flush=True)
+    largest = max(range(len(cases)), key=lambda i: cases[i].patches)
     for size in [s for s in args.extrapolate.split(",") if s]:
-        rows.append(extrapolate(case_for(size, cfg), [r for r in rows if not r["extrapolated"]]))
+        rows.append(extrapolate(case_for(size, cfg), cases[largest], rows[largest]))
     print("\n".join(table(rows, cfg, args.threads)))
     return 0
 

@@ -36,13 +36,6 @@ def test_encoder_counts_every_block_of_the_real_tower() -> None:
     assert vb.encoder_ms(10.0, 100.0, REAL) == 23 * 10.0 + 4 * 100.0
 
 
-def test_quadratic_fit_recovers_linear_and_attention_terms() -> None:
-    a, b = 0.003, 2e-7
-    n = [784, 4096]
-    fa, fb = vb.fit_quadratic(n, [a * x + b * x * x for x in n])
-    assert fa == pytest.approx(a) and fb == pytest.approx(b)
-
-
 def _row(size: str, patches: int, windows: int, win: float, full: float) -> dict:
     return {"size": size, "patches": patches, "windows": windows, "extrapolated": False,
             "peak_rss_mb": {"after_ncnn": 600.0, "after_torch": 800.0},
@@ -50,16 +43,19 @@ def _row(size: str, patches: int, windows: int, win: float, full: float) -> dict
             "full_ms": {"ncnn": full, "torch": 3 * full, "ratio": 3.0}}
 
 
-def test_extrapolation_scales_windows_linearly_and_is_labelled() -> None:
-    cap = vb.case_for("cap", REAL)
-    full = lambda n: 0.003 * n + 2e-7 * n * n  # noqa: E731
-    rows = [_row("448x448", 784, 4, 100.0, full(784)), _row("1024x1024", 4096, 16, 400.0, full(4096))]
-    est = vb.extrapolate(cap, rows)
+def test_extrapolation_adds_only_the_attention_pairs_a_full_layer_has_and_is_labelled() -> None:
+    """Model: a layer is 0.01 ms per patch (Gemms) + 1e-6 ms per query-key pair. Timed at 1024,
+    the estimate at the cap must recover the model exactly, for both layer kinds."""
+    big, cap = vb.case_for("1024x1024", REAL), vb.case_for("cap", REAL)
+    cost = lambda case, pairs: 0.01 * case.patches + 1e-6 * pairs  # noqa: E731
+    full, win = vb.attention_pairs(big)
+    row = _row("1024x1024", big.patches, 16, cost(big, win), cost(big, full))
+    est = vb.extrapolate(cap, big, row)
+    cap_full, cap_win = vb.attention_pairs(cap)
     assert est["extrapolated"] and est["peak_rss_mb"] is None
-    assert est["window_ms"]["ncnn"] == pytest.approx(400.0 * 144 / 16)
-    assert est["full_ms"]["ncnn"] == pytest.approx(full(cap.patches))
-    assert est["full_ms"]["ratio"] == pytest.approx(3.0)
-    line = vb.table([*rows, est], REAL, threads=1)[-1]
+    assert est["window_ms"]["ncnn"] == pytest.approx(cost(cap, cap_win))
+    assert est["full_ms"]["ncnn"] == pytest.approx(cost(cap, cap_full))
+    line = vb.table([row, est], REAL, threads=1)[-1]
     assert "cap (extrapolated)" in line and "| - |" in line
 
 
