@@ -1,7 +1,7 @@
 """Youtu-VL vision encoder speed at large images, measured one layer at a time.
 
 Why per layer: at 1024x1024 (4096 patches) one encoder call is 27 real-width layers, and on
-this project's 2-core machine each layer took 10-30 s per runtime (measured below), so the
+this project's 2-core machine each layer took 5-30 s per runtime (README table), so the
 whole-encoder bench (3 warm-up + 20 interleaved rounds, torch and ncnn) needed hours, not 15
 minutes; at the 36864-patch cap the torch reference's full-attention layers alone would hold
 a ``[16, N, N]`` float32 score matrix (87 GB). Nothing in the ncnn graphs grew worse than the
@@ -11,8 +11,9 @@ So this bench converts ONE window block and ONE full-attention block at the real
 (hidden 1152, 16 heads, MLP 4304) with seeded weights, runs each exactly as the pipeline does
 (window layers once per window of the image's real window layout, full layers once over all
 patches), interleaved with the reference's own blocks in torch, and builds the encoder time as
-``windowed layers x window-layer time + full layers x full-layer time`` (patch embedding,
-post-LN and merger are left out: one Linear each, < 1 layer). Sizes whose layers are too slow
+``windowed layers x window-layer time + full layers x full-layer time``; left out are the patch
+embedding (a 768->1152 Linear), post-LN and the merger (two Linears on N/4 rows, ~0.55 of one
+layer's FLOPs). Sizes whose layers are too slow
 to time here are extrapolated from the largest timed size and labelled ``extrapolated``: a window
 layer scales with the patch count (its windows are all full at 1024 and at the cap), and a full
 layer is that window layer plus the attention pairs it adds, ``b (N^2 - sum of window^2)``, with
@@ -262,21 +263,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--build", type=Path, default=Path("build/youtu-vl/vision-bench"))
     args = p.parse_args(argv)
+    cfg = VisionConfig()
+    try:
+        cases = [case_for(size, cfg) for size in args.sizes.split(",") if size]
+        extra = [case_for(size, cfg) for size in args.extrapolate.split(",") if size]
+    except ValueError as exc:
+        p.error(str(exc))
+    if not cases:
+        p.error("--sizes: give at least one HxW size to time")
     import torch
 
     torch.set_num_threads(args.threads)
-    cfg = VisionConfig()
     tower, graphs = build_graphs(cfg, args.build)
     runners = {k: open_graph(v, two_block_config(cfg), args.threads) for k, v in graphs.items()}
-    rows, cases = [], [case_for(size, cfg) for size in args.sizes.split(",") if size]
-    if not cases:
-        p.error("--sizes: give at least one HxW size to time")
+    rows = []
     for case in cases:
         rows.append(measure_case(case, tower, runners, cfg, args.rounds))
         print(f"timed {case.label}: {rows[-1]}", file=sys.stderr, flush=True)
     largest = max(range(len(cases)), key=lambda i: cases[i].patches)
-    for size in [s for s in args.extrapolate.split(",") if s]:
-        rows.append(extrapolate(case_for(size, cfg), cases[largest], rows[largest]))
+    rows += [extrapolate(case, cases[largest], rows[largest]) for case in extra]
     print("\n".join(table(rows, cfg, args.threads)))
     return 0
 

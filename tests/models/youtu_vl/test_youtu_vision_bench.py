@@ -26,9 +26,14 @@ def test_cases_follow_the_official_resize_and_window_layout() -> None:
     assert vb.case_for("4000x4000", REAL).patches <= vb.CAP_PATCHES  # the resize rule applies the cap
 
 
-def test_bad_size_is_one_clear_error() -> None:
+def test_bad_size_is_one_clear_error(capsys) -> None:
     with pytest.raises(ValueError, match="use HxW pixels"):
         vb.case_for("big", REAL)
+    with pytest.raises(SystemExit) as exit_info:  # checked before anything is built or converted
+        vb.main(["--sizes", "448x448,big"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("vision bench size 'big': use HxW pixels "
+                                                                   "(e.g. 1024x1024) or 'cap'")
 
 
 def test_encoder_counts_every_block_of_the_real_tower() -> None:
