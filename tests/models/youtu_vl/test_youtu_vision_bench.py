@@ -71,6 +71,17 @@ def test_verdict_is_judged_on_the_whole_encoder() -> None:
     assert f"| {ratio:.2f} | met |" in line
 
 
+def test_encoder_ratio_pairs_the_calls_of_one_round() -> None:
+    """Round 1 ran under load (all four calls 10x slower: its ratio is unchanged) and round 2 only
+    during torch's full layer: the median of per-round ratios is the quiet ratio."""
+    times = [[10.0, 100.0, 10.0], [20.0, 200.0, 20.0], [100.0, 1000.0, 100.0], [300.0, 3000.0, 3000.0]]
+    got = vb.encoder_round_ratio(times, REAL)
+    quiet = vb.encoder_ms(20.0, 300.0, REAL) / vb.encoder_ms(10.0, 100.0, REAL)
+    assert got == pytest.approx(quiet)
+    row = {**_row("a", 784, 4, 10.0, 100.0), "encoder_ratio": got}
+    assert f"| {got:.2f} | met |" in vb.table([row], REAL, threads=1)[-1]
+
+
 def test_ncnn_layer_equals_the_reference_block_on_every_window(tmp_path) -> None:
     """Tiny widths, real window layout (a 12x18 grid: two unequal windows): the ncnn graph run
     once per window and the full-attention graph over all patches match the reference blocks."""
