@@ -50,6 +50,13 @@ bench-perf: $(STAMP)
 	  $(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) $(if $(THREADS_LIST),OMP_WAIT_POLICY=passive,OMP_NUM_THREADS=$(or $(THREADS),1)) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(if $(THREADS_LIST),--threads-list $(THREADS_LIST)) --precision $$p $(ARGS); \
 	done
 
+# Youtu-VL vision encoder at real width, per layer (one window block per window, one full-attention
+# block; encoder = 23 window + 4 full), ncnn vs torch interleaved; the patch cap is extrapolated and
+# labelled so (models/youtu_vl/vision_bench.py; a whole 1024 encoder call is minutes per runtime).
+.PHONY: bench-vision
+bench-vision: $(STAMP)
+	$(BIN)/python -m ncnnport.models.youtu_vl.vision_bench --threads $(or $(THREADS),1) $(ARGS)
+
 nightly: $(STAMP)
 	$(BIN)/ncnnport nightly $(MODEL_OPTS) $(ARGS)
 
