@@ -335,9 +335,11 @@ def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[
 
 def cmd_bench_cpp(args: argparse.Namespace) -> int:
     """``bench-cpp``: the C++ loop vs the Python ncnn loop vs torch eager (drivers/cpp_bench.py)."""
-    from ncnnport.drivers.cpp_bench import bench_target
+    from ncnnport.drivers.cpp_bench import bench_target, check_options
     from ncnnport.stages import convert_stage, prepare
     ok = True
+    for t in _targets(args):
+        check_options(t.model, args.rounds, args.new_tokens)
     for t in _targets(args):
         with _locked(t, args):
             prep = prepare(t)

@@ -486,14 +486,19 @@ IMAGE_MODELS = ("seedvr2",)
 # --- the run, the table, the files -----------------------------------------------------------
 
 
-def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
-              threads: int = 1, torch: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
-    model = prep.target.model
+def check_options(model: str, rounds: int, new_tokens: int) -> None:
+    """Refuse, in one line and before anything is built, what the bench cannot run."""
     if model not in ADAPTERS:
         raise BenchError(f"bench-cpp: no C++ bench for model {model} (known: {', '.join(ADAPTERS)})")
     if rounds < 1 or new_tokens < 2:
         raise BenchError(f"bench-cpp: need --rounds >= 1 and --new-tokens >= 2 (got {rounds}, {new_tokens})")
+
+
+def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
+              threads: int = 1, torch: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
+    model = prep.target.model
+    check_options(model, rounds, new_tokens)
     exe = find_executable(prep.port.cpp_executable)
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)

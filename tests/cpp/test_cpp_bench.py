@@ -111,3 +111,10 @@ def test_seedvr2_bench_row_compares_frames(tmp_path, monkeypatch, built_cpp):
     assert row["case"] == "64x64" and row["frames_stable_across_rounds"]
     assert row["frames_cpp_equal_python"] or row["frames_cpp_vs_python"]["max_level_difference"] <= 2
     assert "| 64x64 |" in report["table"]
+
+
+def test_bad_options_are_refused_before_anything_is_built(capsys):
+    from ncnnport.cli import main
+
+    assert main(["bench-cpp", "qwen3-asr", "--rounds", "0"]) == 2
+    assert "need --rounds >= 1" in capsys.readouterr().err
