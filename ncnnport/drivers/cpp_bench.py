@@ -228,11 +228,15 @@ def _torch_threads(threads: int) -> Callable[[], None]:
     return lambda: torch.set_num_threads(before)
 
 
-def _ncnn_modules(ctx: Context) -> Any:
-    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+def _ncnn_modules(ctx: Context, lazy: bool = False) -> Any:
+    """The package's graphs under ``ctx.threads``: all opened now, or (``lazy``) each on first
+    use, so a text-only LLM run never loads the vision tower (Youtu-VL real: 6 GB package).
+    Per-token decode never includes an open either way: every graph it runs ran in the prefill."""
+    from ncnnport.runtime.lazy_modules import LazyModules, open_ncnn_modules
     from ncnnport.runtime.options import RuntimeOptions
 
-    return open_ncnn_modules(ctx.package, options=RuntimeOptions(num_threads=ctx.threads))
+    options = RuntimeOptions(num_threads=ctx.threads)
+    return LazyModules(ctx.package, options=options) if lazy else open_ncnn_modules(ctx.package, options=options)
 
 
 def torch_greedy(step: Callable[[Any, Any], Any], prefill: Callable[[Any], Any], new_tokens: int,
@@ -354,7 +358,7 @@ class YoutuVlBench:
         mj = read_json(ctx.package / "model.json")
         self.cfg = packaged.packaged_config(ctx.package, mj)
         self.tokenizer = packaged.packaged_tokenizer(ctx.package, mj)
-        self.modules = _ncnn_modules(ctx)
+        self.modules = _ncnn_modules(ctx, lazy=True)
 
     def prompt_ids(self, text: str) -> np.ndarray:
         from ncnnport.models.youtu_vl.prompt import encode_prompt
