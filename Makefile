@@ -19,7 +19,7 @@ STAMP := $(VENV)/.ncnnport-installed
 MODEL_OPTS = $(MODEL) --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS))
 PRECISION_OPT = $(if $(PRECISION),--precision $(PRECISION))
 
-.PHONY: setup export convert parity report check run test bench bench-perf nightly clean
+.PHONY: setup export convert parity report check run test bench bench-perf bench-cpp nightly clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,18 @@ bench-perf: $(STAMP)
 .PHONY: bench-vision
 bench-vision: $(STAMP)
 	$(BIN)/python -m ncnnport.models.youtu_vl.vision_bench --threads $(or $(THREADS),1) $(ARGS)
+
+# The shipped C++ loop vs the Python ncnn loop vs PyTorch eager (every model with an executable unless
+# MODEL=...), one thread, real widths, 4 layers: per-token decode at prompts of 100 and 1000 tokens
+# (16 new tokens; C++ and Python ids asserted equal) and the C++ loop's overhead over its graphs
+# (target <= 5 %); SeedVR2 one 256x256 image end to end. Builds the executables (`make cpp`) and the
+# package when missing; table printed, JSON + Markdown in build/reports/bench-cpp/.
+bench-cpp: PRESET = real
+bench-cpp: LAYERS = 4
+bench-cpp: cpp
+	set -e; for m in $(or $(MODEL),$(CPP_MODELS)); do \
+	  OMP_NUM_THREADS=1 $(BIN)/ncnnport bench-cpp $$m --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS)) $(ARGS); \
+	done
 
 nightly: $(STAMP)
 	$(BIN)/ncnnport nightly $(MODEL_OPTS) $(ARGS)

@@ -333,6 +333,24 @@ def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[
                         stage_sizes={**prep.port.bench_stages(), **perf}, precision=args.precision)
 
 
+def cmd_bench_cpp(args: argparse.Namespace) -> int:
+    """``bench-cpp``: the C++ loop vs the Python ncnn loop vs torch eager (drivers/cpp_bench.py)."""
+    from ncnnport.drivers.cpp_bench import bench_target, check_options
+    from ncnnport.stages import convert_stage, prepare
+    ok = True
+    for t in _targets(args):
+        check_options(t.model, args.rounds, args.new_tokens)
+    for t in _targets(args):
+        with _locked(t, args):
+            prep = prepare(t)
+            pkg = convert_stage(prep, force=args.force)
+            sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+            report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
+                                  t.build_root / "reports" / "bench-cpp")
+        ok = ok and report["passed"]
+    return 0 if ok else 1
+
+
 def cmd_bench_package(args: argparse.Namespace) -> int:
     from ncnnport.drivers.bench import write_json
     from ncnnport.drivers.package_bench import bench_package
@@ -509,6 +527,15 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--torch-device", default=None, metavar="DEV[,DEV]",
                    help="with --perf: also time PyTorch eager on these torch devices (e.g. cuda)")
     _precision_option(p)
+    p = sub.add_parser("bench-cpp", help="per-token decode (SeedVR2: one image end to end) of the C++ loop vs the "
+                                          "Python ncnn loop vs torch eager, interleaved; build/reports/bench-cpp/")
+    _common(p)
+    p.add_argument("--sizes", default=None, metavar="P[,P]",
+                   help="prompt lengths (LLMs, default 100,1000) or the square image side (seedvr2, default 256)")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per run (default 16)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (C++, Python, torch each once)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-torch", action="store_true", help="leave the torch eager column out")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)
@@ -582,7 +609,7 @@ def user_error(exc: BaseException) -> str | None:
 
 EXPORT_MODULES = ("torch", "transformers", "pnnx")
 EXPORT_HINT = "pip install 'ncnnport[export]'"
-EXPORT_VERBS = frozenset({"export", "convert", "parity", "bench", "nightly", "pack"})
+EXPORT_VERBS = frozenset({"export", "convert", "parity", "bench", "bench-cpp", "nightly", "pack"})
 
 
 def needs_export(args: argparse.Namespace) -> bool:
@@ -631,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = {"export": cmd_export, "convert": cmd_convert, "parity": cmd_parity, "run": cmd_run,
                "report": cmd_report, "check": cmd_check, "bench": cmd_bench,
                "nightly": cmd_nightly, "bench-package": cmd_bench_package,
+               "bench-cpp": cmd_bench_cpp,
                "isa-replay": cmd_isa_replay, "verify": cmd_verify, "pack": cmd_pack}[args.verb]
     if needs_export(args) and (line := missing_export_line(args.verb)) is not None:
         say(line, sys.stderr)

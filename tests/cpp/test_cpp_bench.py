@@ -1,0 +1,120 @@
+"""``ncnnport bench-cpp`` (ncnnport/drivers/cpp_bench.py): the report's structure and its
+verdicts, never its timings.
+
+Fast tests feed the row builders hand-made runs (a mismatch of ids must be reported, the overhead
+verdict must follow the target, the interleaving must rotate). Slow tests run the real bench on
+the tiny presets with small prompts: C++ and Python token ids equal in every round, the prompt
+lengths as asked, SeedVR2's frames compared.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ncnnport.drivers import cpp_bench
+from ncnnport.drivers.cpp_bench import DecodeRun, ImageRun
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
+
+
+def run(runtime: str, ids, decode_s=0.3, graph_s=None, prompt=100) -> DecodeRun:
+    return DecodeRun(runtime, prompt, list(ids), decode_s, len(ids) - 1, graph_s)
+
+
+def test_interleaving_rotates_the_first_runtime():
+    order: list[str] = []
+    calls = {n: (lambda n=n: order.append(n) or n) for n in ("a", "b", "c")}
+    out = cpp_bench.interleaved_runs(calls, rounds=3)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert out == {"a": ["a"] * 3, "b": ["b"] * 3, "c": ["c"] * 3}
+
+
+def test_decode_row_reports_per_token_ms_overhead_and_id_agreement():
+    ids = [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", ids, 0.30, 0.291), run("cpp", ids, 0.33, 0.32), run("cpp", ids, 0.36, 0.35)],
+            "python": [run("python", ids, 0.45)] * 3, "torch": [run("torch", [5, 6, 9, 9], 0.9)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    assert row["cpp"]["per_token_ms"] == {"median": pytest.approx(110.0), "min": pytest.approx(100.0),
+                                          "max": pytest.approx(120.0)}
+    assert row["python_over_cpp"]["median"] == pytest.approx(150 / 110)  # the median of per-round ratios
+    assert row["cpp"]["overhead"]["median"] == pytest.approx(0.009 / 0.30)  # rounds: 3.0 %, 3.03 %, 2.78 %
+    assert row["overhead_met"] and row["ids_cpp_equal_python"] and row["forced_length"]
+    assert row["torch_ids_equal_cpp"] == [False] * 3
+    table = cpp_bench.markdown({"new_tokens": 4, "rows": [row], "rounds": 3,
+                                "load_average": {"before": [1.0], "after": [2.0]}}, "machine: x")
+    assert "| P=100 | 100 | 110.0 (100.0-120.0) |" in table and "met | yes |" in table
+
+
+def test_a_differing_id_or_a_large_overhead_is_reported():
+    runs = {"cpp": [run("cpp", [1, 2, 3], 0.2, 0.1)] * 3, "python": [run("python", [1, 2, 4], 0.2)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=3)
+    assert not row["ids_cpp_equal_python"]
+    assert row["id_mismatches"] == [{"round": i, "first_difference": 2} for i in range(3)]
+    assert row["cpp"]["overhead"]["median"] == pytest.approx(0.5) and not row["overhead_met"]
+    short = {"cpp": [run("cpp", [1, 2], 0.2, 0.19)], "python": [run("python", [1, 2], 0.2)]}
+    assert not cpp_bench.decode_row("P=100", short, new_tokens=3)["forced_length"]
+
+
+def test_a_different_prompt_length_is_a_mismatch():
+    runs = {"cpp": [run("cpp", [1, 2], 0.2, 0.19, prompt=100)], "python": [run("python", [1, 2], prompt=99)]}
+    assert not cpp_bench.decode_row("P=100", runs, new_tokens=2)["ids_cpp_equal_python"]
+
+
+def test_image_row_compares_frame_bytes():
+    a = np.zeros((1, 4, 4, 3), np.uint8)
+    b = a.copy()
+    b[0, 0, 0, 0] = 2
+    row = cpp_bench.image_row("4x4", {"cpp": [ImageRun("cpp", 1.0, a)] * 3, "python": [ImageRun("python", 2.0, b)] * 3})
+    assert not row["frames_cpp_equal_python"]
+    assert row["frames_cpp_vs_python"] == {"max_level_difference": 2, "differing_bytes": 1, "total_bytes": 48}
+    assert row["python_over_cpp"]["median"] == pytest.approx(2.0)
+
+
+def test_cpp_result_without_timing_is_one_line():
+    with pytest.raises(cpp_bench.BenchError, match="timing.decode_s"):
+        cpp_bench.cpp_decode_run({"chunks": [{"token_ids": [1], "prompt_tokens": 3, "stopped_by_eos": False}]}, "x")
+
+
+def _bench(model: str, sizes, tmp_path, monkeypatch, built_cpp, new_tokens=6):
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.targets import Target
+
+    exe = built_cpp(BUILD / f"ncnnport-{model}", "NCNNPORT_CPP_BUILD")
+    monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(exe.parent))
+    prep = prepare(Target(model, "tiny", None, tmp_path / "build"))
+    package = convert_stage(prep)
+    return cpp_bench.bench_target(prep, package, sizes, new_tokens, 2, 1, True, tmp_path / "reports")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,prompt", [("youtu-vl", 40), ("qwen3-asr", 60)])
+def test_llm_bench_rows_have_equal_ids(model, prompt, tmp_path, monkeypatch, built_cpp):
+    report = _bench(model, [prompt], tmp_path, monkeypatch, built_cpp)
+    assert report["passed"] and (tmp_path / "reports" / f"{model}.json").is_file()
+    (row,) = report["rows"]
+    assert row["ids_cpp_equal_python"], row["id_mismatches"]
+    assert prompt - 13 < row["prompt_tokens"] <= prompt  # qwen3-asr: 13 audio tokens per second of audio
+    assert row["rounds"] == 2 and set(cpp_bench.RUNTIMES) <= set(row)
+    assert 0.0 <= row["cpp"]["overhead"]["median"] < 1.0
+    assert len(row["token_ids"]) == 6 or any(row["cpp"]["stopped_by_eos"])
+
+
+@pytest.mark.slow
+def test_seedvr2_bench_row_compares_frames(tmp_path, monkeypatch, built_cpp):
+    report = _bench("seedvr2", [64], tmp_path, monkeypatch, built_cpp)
+    (row,) = report["rows"]
+    assert row["case"] == "64x64" and row["frames_stable_across_rounds"]
+    assert row["frames_cpp_equal_python"] or row["frames_cpp_vs_python"]["max_level_difference"] <= 2
+    assert "| 64x64 |" in report["table"]
+
+
+def test_bad_options_are_refused_before_anything_is_built(capsys):
+    from ncnnport.cli import main
+
+    assert main(["bench-cpp", "qwen3-asr", "--rounds", "0"]) == 2
+    assert "need --rounds >= 1" in capsys.readouterr().err
