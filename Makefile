@@ -101,6 +101,20 @@ cpp: $(STAMP)
 	nice -n 19 cmake -S runtime/cpp -B $(CPP_BUILD) -Dncnn_DIR="$$($(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS) --no-apt --print-prefix)/lib/cmake/ncnn" > $(CPP_BUILD).configure.log || (cat $(CPP_BUILD).configure.log; exit 1)
 	nice -n 19 cmake --build $(CPP_BUILD) -j2
 
+# `make cpp-vulkan-verify [MODEL=...] [PRESET=tiny] [LAYERS=K]`: `make cpp VULKAN=1`, then per model its
+# package (convert reuses an up-to-date one), `ncnnport-cpp verify --vulkan` (golden rows judged by the
+# packaged policy's vulkan_fp32 budgets, as `ncnnport verify --backend vulkan`) and one packaged e2e case
+# through the model's executable with --vulkan. Needs a Vulkan device (lavapipe: mesa-vulkan-drivers).
+.PHONY: cpp-vulkan-verify
+cpp-vulkan-verify:
+	@test -z "$(CKPT)" || (echo "make cpp-vulkan-verify takes PRESET/LAYERS, not CKPT" >&2; exit 2)
+	$(MAKE) cpp VULKAN=1
+	set -e; for m in $(or $(MODEL),$(CPP_MODELS)); do \
+	  $(BIN)/ncnnport convert $$m --preset $(PRESET) $(if $(LAYERS),--layers $(LAYERS)) > build/cpp-vulkan.convert-$$m.log; \
+	  build/cpp-vulkan/ncnnport-cpp verify build/$$m/$(PRESET)$(if $(LAYERS),-L$(LAYERS))/package --vulkan; \
+	  $(BIN)/python -m ncnnport.drivers.cpp_package_cases $$m build/$$m/$(PRESET)$(if $(LAYERS),-L$(LAYERS))/package --exe-dir build/cpp-vulkan --vulkan; \
+	done
+
 # Second platform: aarch64, cross-compiled with Debian's g++-aarch64-linux-gnu (the toolchain file
 # runtime/cpp/toolchains/aarch64-linux-gnu.cmake; arm64 -dev libraries from Debian multiarch) and
 # run under qemu-user. The cross ncnn (NEON + Armv8.2 fp16 copies, the same layer list) is cached

@@ -7,9 +7,10 @@ around the graphs (audio, prompt, KV cache, windows, Euler step, colour fix) run
 one whole case per model must give the reference's tokens or frames on that platform as well.
 Which arguments a case needs comes from the port (``ModelPort.cpp_package_argv``); the judgement
 is generic: token ids identical to ``expected.token_ids``; frames byte-identical to
-``expected.frames_sha256``, else the packaged policy's frames gate against ``expected.png``.
+``expected.frames_sha256``, else the packaged policy's frames gate against ``expected.png``
+(its ``vulkan_fp32`` row with ``--vulkan``, which the executable is then run with).
 
-    python -m ncnnport.drivers.cpp_package_cases MODEL PACKAGE --exe-dir DIR [--launcher CMD] [--case NAME]
+    python -m ncnnport.drivers.cpp_package_cases MODEL PACKAGE --exe-dir DIR [--launcher CMD] [--case NAME] [--vulkan]
 
 Exit 0 every row passes (or the model has no C++ executable: one "skipped" line), 1 a row
 failed, 2 the case cannot be run (one line naming what).
@@ -72,9 +73,9 @@ def token_rows(case: Any, out: dict[str, Any], exe_name: str) -> list[dict[str, 
     return rows
 
 
-def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path) -> list[dict[str, Any]]:
+def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32") -> list[dict[str, Any]]:
     """The C++ frames against ``expected.frames_sha256`` (bytes), else against ``expected.png``
-    by the packaged policy's frames gate (ncnn builds differ in the last bits)."""
+    by the packaged policy's frames gate of ``mode`` (ncnn builds differ in the last bits)."""
     from PIL import Image
 
     from ncnnport.parity.policy import Policy
@@ -93,23 +94,24 @@ def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path) -> 
                            "(no expected.png or policy.json to judge by the frames gate)"}]
     want = np.asarray(Image.open(case.inputs["expected"]).convert("RGB"))
     want = want.reshape(got.shape) if want.size == got.size else want[None]
-    gate = Policy.load(policy).stage(FRAMES_POLICY_STAGE, "fp32")
+    gate = Policy.load(policy).stage(FRAMES_POLICY_STAGE, mode)
     return [frame_record(case.name, stage, want, got, gate)]
 
 
-def judge(case: Any, out: dict[str, Any], exe_name: str, package: Path) -> list[dict[str, Any]]:
-    """The rows of one case by what it expects: token ids, or frames."""
+def judge(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32") -> list[dict[str, Any]]:
+    """The rows of one case by what it expects: token ids, or frames (judged in policy ``mode``)."""
     if "token_ids" in case.expected:
         return token_rows(case, out, exe_name)
     if "frames_sha256" in case.expected:
-        return frame_rows(case, out, exe_name, package)
+        return frame_rows(case, out, exe_name, package, mode)
     raise CppRuntimeError(f"{case.folder / 'case.json'}: expected holds neither token_ids nor frames_sha256")
 
 
 def check_package_case(model: str, package: Path, exe_dir: Path, launcher: Sequence[str] = (),
-                       case_name: str | None = None) -> tuple[list[dict[str, Any]], float, str]:
+                       case_name: str | None = None, vulkan: bool = False) -> tuple[list[dict[str, Any]], float, str]:
     """(rows, executable seconds, case name) of one packaged case (``case_name``, else the
-    smallest) run by ``exe_dir/<the port's executable>`` under ``launcher``."""
+    smallest) run by ``exe_dir/<the port's executable>`` under ``launcher`` (with ``--vulkan``
+    when ``vulkan``: frames are then judged by the policy's vulkan_fp32 row)."""
     from ncnnport.package.cases import read_cases
     from ncnnport.registry import get_port
 
@@ -130,11 +132,11 @@ def check_package_case(model: str, package: Path, exe_dir: Path, launcher: Seque
     case = smallest_case(cases)
     with tempfile.TemporaryDirectory(prefix="ncnnport-cpp-case-") as tmp:
         try:
-            argv = port.cpp_package_argv(Path(package), case, Path(tmp))
+            argv = [*port.cpp_package_argv(Path(package), case, Path(tmp)), *(["--vulkan"] if vulkan else [])]
         except NotImplementedError as exc:
             raise CppRuntimeError(str(exc)) from None
         out, seconds = run_case(launcher, exe, argv, Path(tmp) / "out.json")
-        return judge(case, out, exe.name, Path(package)), seconds, case.name
+        return judge(case, out, exe.name, Path(package), "vulkan_fp32" if vulkan else "fp32"), seconds, case.name
 
 
 def row_detail(r: dict[str, Any]) -> str:
@@ -161,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exe-dir", type=Path, required=True, help="the folder with the built executables")
     parser.add_argument("--launcher", default="", help="a command prefix, e.g. qemu-aarch64")
     parser.add_argument("--case", default=None, help="a case name (default: the one with the smallest inputs)")
+    parser.add_argument("--vulkan", action="store_true", help="run the executable with --vulkan (a VULKAN=1 build)")
     args = parser.parse_args(argv)
     from ncnnport.registry import get_port
 
@@ -169,11 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         rows, seconds, name = check_package_case(args.model, args.package, args.exe_dir, shlex.split(args.launcher),
-                                                 args.case)
+                                                 args.case, args.vulkan)
     except (CppRuntimeError, subprocess.TimeoutExpired, KeyError) as exc:
         print(f"cpp e2e {args.model}: {exc}", file=sys.stderr)
         return 2
-    where = f" under {args.launcher}" if args.launcher else ""
+    where = (f" under {args.launcher}" if args.launcher else "") + (" on Vulkan" if args.vulkan else "")
     print(f"## cpp e2e {args.model} {args.package} case {name}{where}: {seconds:.1f} s\n{rows_table(rows)}")
     return 0 if all(r["passed"] for r in rows) else 1
 

@@ -17,8 +17,10 @@
 #include "ncnnport/manifest.h"
 #include "ncnnport/ncnn_graph.h"
 #include "ncnnport/npz.h"
+#include "ncnnport/policy.h"
 #include "ncnnport/sha256.h"
 
+#include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 #include <net.h>  // ncnn
 
 namespace fs = std::filesystem;
@@ -44,11 +46,7 @@ struct Tensor {
     int feature_axis = -1;
 };
 
-struct Tolerance {
-    double min_cosine = 0.999999;
-    double max_abs_rel = 1e-4;
-    double max_abs_floor = 1e-6;
-};
+using Tolerance = Gate;  // ncnnport.contract.Tolerance, defaults included
 
 struct GraphSpec {
     std::string name;
@@ -132,11 +130,14 @@ GraphSpec read_spec(const fs::path& path) {
     return spec;
 }
 
-// The spec's own gate of `output` ("*" otherwise, else the fp32 default): verify.py's _tolerance.
-Tolerance gate_of(const GraphSpec& spec, const std::string& output) {
-    auto it = spec.tolerances.find(output);
-    if (it == spec.tolerances.end()) it = spec.tolerances.find("*");
-    return it == spec.tolerances.end() ? Tolerance{} : it->second;
+// The spec's own gates (an output's, else "*", else the fp32 default): verify.py's _tolerance.
+ModuleGates spec_gates(const GraphSpec& spec) {
+    ModuleGates gates;
+    for (const auto& [output, tol] : spec.tolerances) {
+        if (output == "*") gates.star = tol;
+        else gates.outputs[output] = tol;
+    }
+    return gates;
 }
 
 std::vector<GraphSpec> read_specs(const fs::path& package) {
@@ -475,7 +476,11 @@ void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, 
         if (!fs::is_regular_file(p)) bad("module " + spec.name + ": missing " + p.string());
     net.opt = fp32_option(options);
 #if NCNN_VULKAN
-    if (options.vulkan) net.set_vulkan_device(0);
+    if (options.vulkan) {
+        // ncnn would silently run on the CPU; a "vulkan" row must come from a Vulkan device
+        if (ncnn::get_gpu_count() == 0) bad("module " + spec.name + ": Vulkan requested but ncnn sees no GPU");
+        net.set_vulkan_device(0);
+    }
 #endif
     if (net.load_param(param.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load param " + param.string());
     if (net.load_model(bin.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load weights " + bin.string());
@@ -498,7 +503,8 @@ std::string sizes_label(const GoldenCase& gc, size_t k) {
 }
 
 // One row: the graph on one golden case, every output judged by its gate.
-VerifyRow run_case(ncnn::Net& net, const GraphSpec& spec, const GoldenCase& gc, size_t k, const fs::path& golden) {
+VerifyRow run_case(ncnn::Net& net, const GraphSpec& spec, const ModuleGates& gates, const GoldenCase& gc, size_t k,
+                   const fs::path& golden) {
     VerifyRow row{"golden", spec.name + "[" + sizes_label(gc, k) + "]", false, ""};
     const auto sizes = infer_sizes(spec, gc.inputs);
     if (gc.outputs.size() != spec.outputs.size())
@@ -530,7 +536,7 @@ VerifyRow run_case(ncnn::Net& net, const GraphSpec& spec, const GoldenCase& gc, 
             continue;
         }
         const Stats s = compare(as_doubles(gc.outputs[j], ref_what), arr->values, arr->shape, t.feature_axis);
-        const auto [ok, reason] = judge(s, gate_of(spec, t.name));
+        const auto [ok, reason] = judge(s, gates.of(t.name));
         worst = std::max(worst, s.max_abs / std::max(s.ref_absmax, 1e-30));
         if (!ok) failed.push_back(t.name + ": " + reason);
     }
@@ -540,8 +546,38 @@ VerifyRow run_case(ncnn::Net& net, const GraphSpec& spec, const GoldenCase& gc, 
     return row;
 }
 
+// The policy mode that judges a run (runtime/precision.judging_mode for the fp32 options):
+// Vulkan has budgets of its own.
+std::string judging_mode(const VerifyOptions& options) { return options.vulkan ? "vulkan_fp32" : "fp32"; }
+
+// The packaged policy, read only for a mode other than fp32 (verify.py's _gates): a package
+// without one can be judged in fp32 on the CPU only.
+std::optional<TolerancePolicy> policy_for(const fs::path& package, const std::string& mode) {
+    if (mode == "fp32") return std::nullopt;
+    const fs::path file = package / "policy.json";
+    if (!fs::is_regular_file(file))
+        bad(file.string() + ": missing; this package can be verified in fp32 on the CPU only (asked for " + mode + ")");
+    try {
+        return TolerancePolicy::load(file);
+    } catch (const PackageError& e) {
+        bad(e.what());
+    }
+}
+
+// Per-output gates of a graph: the spec's own in fp32, else the policy's budget for `mode`.
+ModuleGates gates_for(const GraphSpec& spec, const std::optional<TolerancePolicy>& policy, const std::string& mode) {
+    if (!policy) return spec_gates(spec);
+    try {
+        return policy->module(spec.name, mode);
+    } catch (const PackageError& e) {
+        bad(e.what());
+    }
+}
+
 std::vector<VerifyRow> golden_rows(const fs::path& package, const VerifyOptions& options) {
     std::vector<VerifyRow> rows;
+    const std::string mode = judging_mode(options);
+    const std::optional<TolerancePolicy> policy = policy_for(package, mode);
     for (const GraphSpec& spec : read_specs(package)) {
         const fs::path golden = package / "golden" / (spec.name + ".npz");
         if (!fs::is_regular_file(golden)) {
@@ -549,9 +585,10 @@ std::vector<VerifyRow> golden_rows(const fs::path& package, const VerifyOptions&
             continue;
         }
         const std::vector<GoldenCase> cases = read_golden(golden);
+        const ModuleGates gates = gates_for(spec, policy, mode);
         ncnn::Net net;
         load_graph(net, package, spec, options);
-        for (size_t k = 0; k < cases.size(); ++k) rows.push_back(run_case(net, spec, cases[k], k, golden));
+        for (size_t k = 0; k < cases.size(); ++k) rows.push_back(run_case(net, spec, gates, cases[k], k, golden));
     }
     return rows;
 }
@@ -567,6 +604,48 @@ std::optional<VerifyRow> version_row(const fs::path& package) {
                          NCNN_VERSION_STRING + ": golden vectors decide"};
 }
 
+#if NCNN_VULKAN
+// runtime/vulkan.driver_version: Vulkan's driverVersion is vendor-encoded.
+std::string driver_version(uint32_t vendor_id, uint32_t raw) {
+    if (vendor_id == 0x10DE) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%u.%02u.%02u", raw >> 22, (raw >> 14) & 0xFF, (raw >> 6) & 0xFF);
+        return std::string(buf) + ((raw & 0x3F) ? "." + std::to_string(raw & 0x3F) : "");
+    }
+    if (vendor_id == 0x10005 || raw < (1u << 12)) return std::to_string(raw);
+    return std::to_string(raw >> 22) + "." + std::to_string((raw >> 12) & 0x3FF) + "." + std::to_string(raw & 0xFFF);
+}
+#endif
+
+// The heading's device part as `ncnnport verify --backend vulkan` prints it (runtime/vulkan.py:
+// a software rasteriser is named as such, never as a GPU).
+std::string vulkan_device_text() {
+#if NCNN_VULKAN
+    if (ncnn::get_gpu_count() == 0) return "no Vulkan device";
+    const ncnn::GpuInfo& info = ncnn::get_gpu_info(0);
+    static const std::map<int, std::string> types = {{0, "discrete"}, {1, "integrated"}, {2, "virtual"}, {3, "software"}};
+    static const std::map<uint32_t, std::string> vendors = {{0x10DE, "NVIDIA"}, {0x1002, "AMD"}, {0x8086, "Intel"},
+                                                            {0x13B5, "ARM"}, {0x5143, "Qualcomm"}, {0x106B, "Apple"},
+                                                            {0x10005, "Mesa"}};
+    const std::string name = info.device_name();
+    const auto t = types.find(info.type());
+    const std::string type = t != types.end() ? t->second : "unknown(" + std::to_string(info.type()) + ")";
+    const auto v = vendors.find(info.vendor_id());
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "0x%04x", info.vendor_id());
+    const std::string vendor = v != vendors.end() ? v->second : hex;
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    const std::string label = type == "software"
+        ? "software Vulkan (" + (lower.find("llvmpipe") != std::string::npos ? std::string("lavapipe") : name) + ")"
+        : "Vulkan " + type + " GPU " + name;
+    return "Vulkan: " + label + " (" + name + ", " + type + ", " + vendor + " driver " +
+           driver_version(info.vendor_id(), info.driver_version()) + ")";
+#else
+    return "no Vulkan device";
+#endif
+}
+
 }  // namespace
 
 bool VerifyResult::passed() const {
@@ -577,12 +656,6 @@ VerifyResult verify_goldens(const fs::path& package, const VerifyOptions& option
     if (options.threads < 1) throw std::invalid_argument("--threads must be >= 1");
 #if !NCNN_VULKAN
     if (options.vulkan) throw std::invalid_argument("--vulkan: this build has no Vulkan backend (make cpp VULKAN=1)");
-#else
-    // Vulkan rows are judged by the policy's derived vulkan_fp32 budgets (parity/budgets.py),
-    // which this C++ verify does not reproduce yet: refuse rather than judge by the CPU gates.
-    if (options.vulkan)
-        throw std::invalid_argument("--vulkan: judging by the policy's vulkan_fp32 budgets is not implemented in C++; "
-                                    "use `ncnnport verify --backend vulkan`");
 #endif
     std::error_code ec;
     if (!fs::is_directory(package, ec)) bad(package.string() + ": no such package folder");
@@ -621,7 +694,7 @@ int run_verify(const fs::path& package, const VerifyOptions& options, const std:
     try {
         const VerifyResult result = verify_goldens(package, options);
         std::cout << "## verify " << package.string() << " (" << options_label(options) << "; judged as "
-                  << (options.vulkan ? "vulkan_fp32" : "fp32") << "; " << (options.vulkan ? "Vulkan" : "CPU") << ")\n"
+                  << judging_mode(options) << "; " << (options.vulkan ? vulkan_device_text() : "CPU") << ")\n"
                   << verify_table(result);
         return result.passed() ? 0 : 1;
     } catch (const BadPackage& e) {

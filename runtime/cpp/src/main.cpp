@@ -10,6 +10,8 @@
 //   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]
 //                                              manifest + every graph's golden vectors through
 //                                              ncnn::Net, judged as `ncnnport verify` judges
+//   ncnnport-cpp gates POLICY.json MODE MODULE  the module's per-output gates in a precision mode
+//                                              (JSON; what verify judges by on --vulkan)
 //
 // Exit codes: 0 ok, 1 check found problems, a golden row failed or input was refused, 2 usage
 // or (verify) a package that cannot be judged.
@@ -25,6 +27,8 @@
 #include "ncnnport/golden_verify.h"
 #endif
 #include "ncnnport/manifest.h"
+#include "ncnnport/model_json.h"
+#include "ncnnport/policy.h"
 #include "ncnnport/sha256.h"
 
 #ifdef NCNNPORT_WITH_NCNN
@@ -37,7 +41,8 @@ int usage() {
     std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
                  "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
                  "       ncnnport-cpp version\n"
-                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]\n";
+                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]\n"
+                 "       ncnnport-cpp gates POLICY.json MODE MODULE\n";
     return 2;
 }
 
@@ -146,6 +151,25 @@ int cmd_verify(const std::vector<std::string>& args) {
 #endif
 }
 
+// `gates`: Policy.module(MODULE, MODE) of a policy.json as JSON ({"*": gate, output: gate, ...}),
+// doubles printed round-trip exact, so a test can hold them against the Python policy's.
+int cmd_gates(const std::string& policy_file, const std::string& mode, const std::string& module) {
+    try {
+        const ncnnport::ModuleGates gates = ncnnport::TolerancePolicy::load(policy_file).module(module, mode);
+        auto as_json = [](const ncnnport::Gate& g) {
+            return nlohmann::json{{"min_cosine", g.min_cosine}, {"max_abs_rel", g.max_abs_rel},
+                                  {"max_abs_floor", g.max_abs_floor}};
+        };
+        nlohmann::json out{{"*", as_json(gates.star)}};
+        for (const auto& [name, g] : gates.outputs) out[name] = as_json(g);
+        std::cout << out.dump() << "\n";
+        return 0;
+    } catch (const ncnnport::PackageError& e) {
+        std::cerr << "gates: " << e.what() << "\n";
+        return 2;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,6 +179,7 @@ int main(int argc, char** argv) {
         if (args.size() >= 2 && args[0] == "tokenize")
             return cmd_tokenize(std::vector<std::string>(args.begin() + 1, args.end()));
         if (args.size() == 1 && args[0] == "version") return cmd_version();
+        if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
         if (args.size() >= 2 && args[0] == "verify")
             return cmd_verify(std::vector<std::string>(args.begin() + 1, args.end()));
         return usage();
