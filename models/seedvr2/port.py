@@ -12,6 +12,7 @@ import numpy as np
 
 from ncnnport.contract import Tolerance
 from ncnnport.models.seedvr2.frames import image_rows, image_stats
+from ncnnport.models.seedvr2.tiles import TileSpec, tile_spec, tiled
 from ncnnport.parity.records import stage_record
 from ncnnport.models.kit import KitPort
 from ncnnport.registry import E2EContext, LoadedModel
@@ -20,6 +21,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 # Tiny presets run user inputs at no more than this many pixels (the real model: 720x1280).
 TINY_MAX_AREA = 256 * 448
 REAL_AREA = 720 * 1280
+# The VAE's spatial factor of every preset (2^(len(block_out_channels) - 1) = 8): what the run
+# options are checked against before a config is read; the run re-checks them with its config's.
+VAE_SPATIAL_FACTOR = 8
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,12 @@ FULL_WIDTH_RESIDENCY_FIXTURE = "image_64x96"
 # image (one window; every graph is still called, each DiT block once).
 TRACE_FIXTURE = "image_64x96"
 PRECISION_FIXTURE = "image_64x96"
+# Opt-in VAE tiling (tiles.py) is checked on the 336x336 image: 256 px tiles with 64 px of
+# overlap cut it into 2 x 2 tiles (rows and columns [0, 256) and [192, 336); latent [0, 32) and
+# [24, 42)), so there are seams on both axes, a corner where four tiles meet and a short last
+# tile. Tiny presets only: the fixture is not run at full width.
+TILING_FIXTURE = "image_336x336_edge_windows"
+TILING_SPEC = TileSpec(256, 64)
 
 
 def image_files(path: Path) -> list[Path]:
@@ -336,7 +346,52 @@ class SeedVR2Port(KitPort):
                 records.append(self._trace(label, video, seed, area, ctx))
             if label == PRECISION_FIXTURE and prec == "fp32":
                 records += self._precision_records(ctx, label, video, seed, area, a.frames, b.frames, geo)
+            if label == TILING_FIXTURE:
+                records += self._tiling_records(ctx, label, video, area, a, ncnn_be, geo)
         return records
+
+    def _tiling_records(self, ctx: E2EContext, label: str, video: np.ndarray, area: int, untiled: Any,
+                        ncnn_be: Any, geo: dict[str, Any]) -> list[dict[str, Any]]:
+        """The opt-in VAE tiling (:data:`TILING_SPEC`), with the untiled run's noise.
+
+        What the rule itself changes, torch tiled vs torch untiled on the same inputs: the VAE
+        decode of the untiled run's latent and the encoder's posterior mean, each judged by its
+        ``tiling_*`` budget (fp32 in every mode: torch against torch) on the GLOBAL cosine (the
+        tensors flattened to one row: a per-row cosine would judge the worst seam row of seeded
+        weights), and the end-to-end frames, reported (they compound both halves and the DiT).
+        Then ncnn tiled vs torch tiled, judged by the mode's own stage budgets, as untiled."""
+        from ncnnport.models.seedvr2.pipeline import restore
+        from ncnnport.models.seedvr2.tiles import TiledVAE
+
+        ref = ctx.loaded.reference
+        txt, f = ref.text.numpy(), ref.config.vae.spatial_factor
+        torch_be = self.torch_backend(ctx.loaded)
+        torch_tiled = TiledVAE(torch_be, TILING_SPEC, f)
+        extra = {**geo, "vae_tile": TILING_SPEC.tile, "vae_overlap": TILING_SPEC.overlap,
+                 "compares": "torch tiled vs torch untiled"}
+        x = untiled.stages["input"][None]
+        # what the untiled run's decoder got (host.restore: x0 / scaling factor, channel-first)
+        z = np.ascontiguousarray((untiled.stages["x0"] / ref.config.vae.scaling_factor).transpose(3, 0, 1, 2)[None],
+                                 dtype=np.float32)
+        pol, prec = ctx.policy, ctx.precision
+        recs = [stage_record(label, "tiling:decode", _one_row(untiled.stages["decoded"]), _one_row(torch_tiled.decode(z)),
+                             pol.stage("tiling_decode", "fp32"), **extra),
+                stage_record(label, "tiling:encode", _one_row(untiled.stages["posterior_mean"]),
+                             _one_row(torch_tiled.encode(x)[0]), pol.stage("tiling_encode", "fp32"), **extra)]
+        t = restore(ref.config, torch_tiled, video, txt, untiled.noise, area=area)
+        rec = stage_record(label, "tiling:frames", image_rows(untiled.frames), image_rows(t.frames),
+                           pol.stage("frames", "fp32"), **extra, **image_stats(untiled.frames, t.frames))
+        rec.update(would_pass=rec["passed"], passed=True, gated=False,
+                   reason="reported, not gated (the tiled pipeline is not the official one; see tiling:decode/encode)")
+        recs.append(rec)
+        n = restore(ref.config, TiledVAE(ncnn_be, TILING_SPEC, f), video, txt, untiled.noise, area=area)
+        extra["compares"] = "ncnn tiled vs torch tiled"
+        for stage in ("latent", "decoded"):
+            recs.append(stage_record(label, f"tiled:{stage}", t.stages[stage], n.stages[stage], pol.stage(stage, prec),
+                                     **extra))
+        recs.append(stage_record(label, "tiled:frames", image_rows(t.frames), image_rows(n.frames),
+                                 pol.stage("frames", prec), **extra, **image_stats(t.frames, n.frames)))
+        return recs
 
     def streamed_parity(self, ctx: E2EContext) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Full-depth parity with one module of each side resident (``parity --stream``, see
@@ -446,6 +501,14 @@ class SeedVR2Port(KitPort):
         parser.add_argument("--residency", choices=("resident", "streamed"), default="resident",
                             help="streamed: load, run and release each DiT block's graphs in turn")
         parser.add_argument("--no-colour-fix", action="store_true")
+        parser.add_argument("--vae-tile", type=int, default=None, metavar="PX",
+                            help="run the VAE encoder and decoder on overlapping PX x PX tiles, blended "
+                                 "linearly (bounds their memory by one tile, for 720p/1080p on a 24 GB machine); "
+                                 "opt-in: the official pipeline does not tile, so frames differ from the untiled "
+                                 "ones (see models/seedvr2/tiles.py); a multiple of 8")
+        parser.add_argument("--vae-overlap", type=int, default=None, metavar="PX",
+                            help="overlap of neighbouring VAE tiles (default: a quarter of --vae-tile, rounded "
+                                 "down to a multiple of 8; at most half the tile)")
 
     def validate_inputs(self, paths) -> None:
         """Every ``parity --input`` decodes to frames of one size (see :func:`read_frames`)."""
@@ -459,6 +522,7 @@ class SeedVR2Port(KitPort):
 
         self.validate_inputs([args.input])
         check_output(args.input, args.output)
+        run_tile_spec(args, VAE_SPATIAL_FACTOR)
         if getattr(args, "noise", None) is not None:
             read_noise(args.noise)
         if getattr(args, "noise_device", "cpu") == "cuda":
@@ -567,6 +631,10 @@ class SeedVR2Port(KitPort):
         video = read_frames(args.input)
         area = args.area or default_area(cfg, video.shape[1], video.shape[2])
         backend, runners = graph_backend_for(cfg, modules, streamed=args.residency == "streamed", trig=trig)
+        spec = run_tile_spec(args, cfg.vae.spatial_factor)
+        if spec is not None:
+            print(f"note: {spec.describe()}", file=sys.stderr)
+        backend = tiled(backend, spec, cfg.vae.spatial_factor)
         noise = noise_for(latent_shape_for(cfg, video, area))
         result = flow(backend, video, noise, area)
         paths = write_frames(result.frames, args.output, single=not Path(args.input).is_dir())
@@ -588,6 +656,17 @@ class SeedVR2Port(KitPort):
             return read_noise(args.noise, shape)
         return Noise.seeded(shape, args.seed, sample_posterior=args.posterior == "sample",
                             device=getattr(args, "noise_device", "cpu"))
+
+
+def run_tile_spec(args: Any, factor: int) -> TileSpec | None:
+    """``--vae-tile`` / ``--vae-overlap`` of a run as a tile spec (None: untiled); a bad value
+    is one ValueError line naming the option."""
+    return tile_spec(getattr(args, "vae_tile", None), getattr(args, "vae_overlap", None), factor)
+
+
+def _one_row(a: np.ndarray) -> np.ndarray:
+    """``a`` flattened to one row: the worst-row cosine of the comparison is the global one."""
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(1, -1)
 
 
 def _options_of(modules: Mapping[str, Any]) -> Any:
