@@ -10,7 +10,7 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ncnnport.contract import ModuleSpec
 
@@ -76,6 +76,37 @@ class CppCase:
     frames_gate: Any = None        # contract.Tolerance over image rows (levels 0..255)
 
 
+CPP_BENCH_KINDS = ("decode", "image")
+
+
+@dataclass
+class CppBenchCase:
+    """One workload of ``bench-cpp`` (ncnnport/drivers/cpp_bench.py): the row's ``label``, the C++
+    executable's arguments (all but ``--json-out``; the driver runs it once per round and parses
+    its JSON by ``kind``), and zero-argument callables running the same workload once on the
+    torch-free Python package loop and on the torch reference (None: no torch column).
+
+    ``kind`` "decode": the callables return ``models.bench_kit.DecodeRun`` and the executable's
+    JSON has one chunk plus ``timing.decode_s / decode_steps / decode_graph_s``. ``kind`` "image":
+    they return ``bench_kit.ImageRun`` and the JSON has ``seconds.total`` (less
+    ``seconds.load_graphs``) and ``frames``. ``info`` is merged into the row; ``fresh_dir`` is a
+    folder the executable writes into and wants new or empty, emptied before every C++ run.
+    In round one the Python loop runs first: a torch callable may reuse what it computed."""
+
+    label: str
+    kind: str
+    argv: list[str]
+    python: Callable[[], Any]
+    torch: Callable[[], Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    fresh_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in CPP_BENCH_KINDS:
+            raise ValueError(f"CppBenchCase {self.label}: kind {self.kind!r} is not one of "
+                             f"{', '.join(CPP_BENCH_KINDS)}")
+
+
 class ModelPort(ABC):
     """Hooks a model folder implements. Each returns data; stages write files and run tools."""
 
@@ -137,6 +168,17 @@ class ModelPort(ABC):
         (``package.cases.CaseOnDisk``), outputs under ``workdir``; no reference is run. Its result is
         judged against ``case.expected`` (``token_ids``, or ``frames_sha256`` + ``expected.png``)."""
         raise NotImplementedError(f"model {self.name} has no C++ arguments for packaged cases")
+
+    # --- the C++ bench (``bench-cpp``) ----------------------------------------------------------
+    # Default sizes of ``bench-cpp`` (prompt tokens, or an image side); empty: the model has no C++
+    # bench, and ``bench-cpp`` refuses it before anything is built.
+    cpp_bench_sizes: tuple[int, ...] = ()
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
+        """One :class:`CppBenchCase` per size, yielded one at a time (what every size shares, e.g.
+        the opened package, is built once; a case's inputs are written under ``ctx.workdir``).
+        ``ctx`` is a ``models.bench_kit.BenchContext``."""
+        raise NotImplementedError(f"model {self.name} has no C++ bench")
 
     # --- the package alone (torch-free; ``ncnnport verify`` and ``run --package``) -------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any] | None:

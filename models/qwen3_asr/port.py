@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -289,6 +289,13 @@ class Qwen3ASRPort(KitPort):
     def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
         from ncnnport.models.qwen3_asr import cpp_cases
         return cpp_cases.package_argv(package, case, workdir)
+
+    cpp_bench_sizes = (100, 1000)  # bench-cpp's default prompt lengths in tokens
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:
+        """``bench-cpp``'s workloads (models/qwen3_asr/cpp_bench.py)."""
+        from ncnnport.models.qwen3_asr import cpp_bench
+        return cpp_bench.cases(ctx, sizes, new_tokens)
 
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -551,6 +551,13 @@ class SeedVR2Port(KitPort):
     def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
         from ncnnport.models.seedvr2 import cpp_cases
         return cpp_cases.package_argv(package, case, workdir)
+
+    cpp_bench_sizes = (256,)  # bench-cpp's default one square image side
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:
+        """``bench-cpp``'s workloads (models/seedvr2/cpp_bench.py, new_tokens unused)."""
+        from ncnnport.models.seedvr2 import cpp_bench
+        return cpp_bench.cases(ctx, sizes, self.torch_backend(ctx.loaded), graph_backend_for)
 
     # --- the package alone (torch-free: packaged.py) -------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:

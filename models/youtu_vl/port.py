@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -177,6 +177,13 @@ class YoutuVLPort(KitPort):
     def cpp_package_argv(self, package: Path, case: Any, workdir: Path) -> list[str]:
         from ncnnport.models.youtu_vl import cpp_cases
         return cpp_cases.package_argv(package, case, workdir)
+
+    cpp_bench_sizes = (100, 1000)  # bench-cpp's default prompt lengths in tokens
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:
+        """``bench-cpp``'s workloads (models/youtu_vl/cpp_bench.py)."""
+        from ncnnport.models.youtu_vl import cpp_bench
+        return cpp_bench.cases(ctx, sizes, new_tokens)
 
     # --- the package alone ---------------------------------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:

@@ -2,21 +2,30 @@
 verdicts, never its timings.
 
 Fast tests feed the row builders hand-made runs (a mismatch of ids must be reported, the overhead
-verdict must follow the target, the interleaving must rotate). Slow tests run the real bench on
-the tiny presets with small prompts: C++ and Python token ids equal in every round, the prompt
-lengths as asked, SeedVR2's frames compared.
+verdict must follow the target, the interleaving must rotate), and drive the generic driver with a
+fake port (its ``cpp_bench_cases`` hook and a stand-in executable): the driver knows no model, a
+port without the hook is refused in one line. Slow tests run the real bench on the tiny presets
+with small prompts: C++ and Python token ids equal in every round, the prompt lengths as asked,
+SeedVR2's frames compared.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
+import sys
+import textwrap
+import types
 from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pytest
 
 from ncnnport.drivers import cpp_bench
 from ncnnport.drivers.cpp_bench import DecodeRun, ImageRun
+from ncnnport.registry import KNOWN_MODELS, CppBenchCase, E2EContext, LoadedModel, ModelPort
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -118,3 +127,101 @@ def test_bad_options_are_refused_before_anything_is_built(capsys):
 
     assert main(["bench-cpp", "qwen3-asr", "--rounds", "0"]) == 2
     assert "need --rounds >= 1" in capsys.readouterr().err
+
+
+# --- the generic driver over a fake port --------------------------------------------------------
+
+FAKE_EXE = textwrap.dedent("""\
+    #!{python}
+    import json, sys
+    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    ids = [int(t) for t in args["--ids"].split(",")]
+    out = {{"chunks": [{{"token_ids": ids, "prompt_tokens": int(args["--prompt"]), "stopped_by_eos": False}}],
+           "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19}}}}
+    open(args["--json-out"], "w").write(json.dumps(out))
+    """)
+
+
+class NoBenchPort(ModelPort):
+    """A port with a C++ executable but no C++ bench hook."""
+
+    name = "no-bench"
+    cpp_executable = "fake-exe"
+
+    def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
+        raise AssertionError("bench-cpp must refuse before building the model")
+
+    def module_specs(self, loaded: LoadedModel) -> list:
+        return []
+
+    def e2e_parity(self, ctx: E2EContext) -> list:
+        return []
+
+
+class FakeBenchPort(NoBenchPort):
+    """A port with the hook: one decode case per size, the ids ``1..size``."""
+
+    name = "fake-bench"
+    cpp_bench_sizes = (3,)
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
+        self.seen.append((ctx.package, ctx.threads, list(sizes), new_tokens))
+        for size in sizes:
+            ids = list(range(1, size + 1))
+            yield CppBenchCase(f"P={size}", "decode", ["--ids", ",".join(map(str, ids)), "--prompt", "7"],
+                               lambda ids=ids: DecodeRun("python", 7, ids, 0.3, len(ids) - 1),
+                               lambda ids=ids: DecodeRun("torch", 7, ids, 0.6, len(ids) - 1), {"from_port": size})
+
+
+@pytest.fixture
+def fake_models(monkeypatch, tmp_path):
+    """``no-bench`` and ``fake-bench`` registered; the stand-in executable in a build folder."""
+    for port in (NoBenchPort(), FakeBenchPort()):
+        module = types.ModuleType(f"fake_port_{port.name.replace('-', '_')}")
+        module.PORT = port
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        monkeypatch.setitem(KNOWN_MODELS, port.name, module.__name__)
+    exe = tmp_path / "cpp" / "fake-exe"
+    exe.parent.mkdir()
+    exe.write_text(FAKE_EXE.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(exe.parent))
+    return {name: sys.modules[KNOWN_MODELS[name]].PORT for name in ("no-bench", "fake-bench")}
+
+
+def test_a_port_without_the_hook_is_refused_in_one_line_naming_it(fake_models, capsys):
+    from ncnnport.cli import main
+
+    assert main(["bench-cpp", "no-bench"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "no C++ bench for model no-bench" in err[0] and "fake-bench" in err[0]
+
+
+def test_the_driver_runs_any_port_through_its_hook(fake_models, tmp_path):
+    port = fake_models["fake-bench"]
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=port, loaded=None)
+    report = cpp_bench.run_bench(prep, tmp_path / "pkg", [3, 4], new_tokens=4, rounds=2, log=lambda _m: None)
+    assert [r["case"] for r in report["rows"]] == ["P=3", "P=4"] and report["passed"]
+    assert [r["from_port"] for r in report["rows"]] == [3, 4] and report["new_tokens"] == 4
+    row = report["rows"][1]
+    assert row["ids_cpp_equal_python"] and row["token_ids"] == [1, 2, 3, 4] and row["prompt_tokens"] == 7
+    assert row["cpp"]["per_token_ms"]["median"] == pytest.approx(200 / 3)
+    assert row["python_over_cpp"]["median"] == pytest.approx(1.5) and row["torch_ids_equal_cpp"] == [True, True]
+    assert port.seen == [(tmp_path / "pkg", 1, [3, 4], 4)]
+
+
+def test_the_driver_names_no_model():
+    source = Path(cpp_bench.__file__).read_text(encoding="utf-8").lower()
+    names = {n for m in KNOWN_MODELS.values() for n in (m.split(".")[-2], m.split(".")[-2].replace("_", "-"))}
+    names |= {"qwen", "youtu", "seedvr"}
+    assert not {n for n in names if re.search(rf"\b{re.escape(n)}", source)}
+
+
+def test_a_bench_case_of_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind 'video'"):
+        CppBenchCase("x", "video", [], lambda: None)
