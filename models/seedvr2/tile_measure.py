@@ -10,6 +10,8 @@ output's distance to ``--compare`` (an earlier run's saved output) when given.
         --tile 256 --threads 2 --preset real --layers 2 --json build/reports/seedvr2/tiles/x.json
 
 Inputs are ``bench.bench_inputs`` (seeded: every process sees the same latent / pixels).
+The ncnn side reads a converted package (``ncnnport convert seedvr2 --preset P --layers K``;
+default ``BUILD/seedvr2/P-LK/package``): a model module never drives the build stages.
 """
 
 from __future__ import annotations
@@ -80,23 +82,24 @@ class Progress:
         return self._timed(lambda: self.inner.decode(z))
 
 
-def vae_backend(runtime: str, stage: str, prep: Any, threads: int, low_memory: bool,
-                package: Path | None = None) -> Any:
-    """The VAE as a pipeline Backend: the ncnn graphs (``GraphBackend``) or the torch reference."""
+def vae_backend(runtime: str, stage: str, reference: Any, threads: int, low_memory: bool, package: Path) -> Any:
+    """The VAE as a pipeline Backend: the package's ncnn graphs (``GraphBackend``) or the torch
+    reference."""
     if runtime == "torch":
         import torch
 
         torch.set_num_threads(threads)
-        return TorchVAE(prep.loaded.reference.view("vae", ["encoder" if stage == "encode" else "decoder"]))
+        return TorchVAE(reference.view("vae", ["encoder" if stage == "encode" else "decoder"]))
     from ncnnport.models.seedvr2.runner import GraphBackend
-    from ncnnport.runtime.lazy_modules import LazyModules
     from ncnnport.runtime.options import RuntimeOptions
-    from ncnnport.stages import convert_stage
 
     options = RuntimeOptions(num_threads=threads, low_memory=low_memory)
-    if package is None:
-        return prep.port.graph_backend(prep.loaded, LazyModules(convert_stage(prep), options=options))[0]
-    return GraphBackend(prep.loaded.reference.config, FolderGraphs(package, options).get)
+    return GraphBackend(reference.config, FolderGraphs(package, options).get)
+
+
+def default_package(build_dir: Path, preset: str, layers: int | None) -> Path:
+    """Where ``ncnnport convert seedvr2 --preset P [--layers K]`` writes its package."""
+    return Path(build_dir) / "seedvr2" / (preset if layers is None else f"{preset}-L{layers}") / "package"
 
 
 class FolderGraphs:
@@ -139,23 +142,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--package", type=Path, default=None,
                     help="ncnn graphs from this package folder, opened without the manifest check "
-                         "(default: the build's package, converted if needed)")
+                         "(default: BUILD/seedvr2/PRESET-LK/package, made by `ncnnport convert`)")
     args = ap.parse_args(argv)
 
     from ncnnport.models.seedvr2.bench import bench_inputs
     from ncnnport.models.seedvr2.tiles import tile_spec, tiled
-    from ncnnport.stages import prepare
-    from ncnnport.targets import Target
+    from ncnnport.models.seedvr2.port import PORT
 
     try:
         spec = tile_spec(args.tile, args.overlap, 8)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    prep = prepare(Target("seedvr2", args.preset, None, args.build_dir, layers=args.layers))
-    cfg = prep.loaded.reference.config
+    package = args.package or default_package(args.build_dir, args.preset, args.layers)
+    if args.runtime == "ncnn" and not (package / "specs").is_dir():
+        layers = "" if args.layers is None else f" --layers {args.layers}"
+        print(f"error: no package at {package}: run `ncnnport convert seedvr2 --preset {args.preset}{layers}` "
+              "first, or pass --package", file=sys.stderr)
+        return 2
+    reference = PORT.load(args.preset, None, layers=args.layers).reference
+    cfg = reference.config
     x, _, z = bench_inputs(cfg, args.size)
-    backend = tiled(Progress(vae_backend(args.runtime, args.stage, prep, args.threads, args.low_memory, args.package)), spec, cfg.vae.spatial_factor)
+    backend = tiled(Progress(vae_backend(args.runtime, args.stage, reference, args.threads, args.low_memory, package)),
+                    spec, cfg.vae.spatial_factor)
     call = stage_call(backend, args.stage, x, z)
     before = current_rss_bytes()
     t0 = time.perf_counter()
