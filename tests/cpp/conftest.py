@@ -14,6 +14,7 @@ from typing import Callable
 import pytest
 
 from tests.cpp.make_targets import make_cpp
+from tests.cpp.packages import tiny_package
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +31,9 @@ def built_cpp() -> Callable[[Path, str], Path]:
         return exe
 
     return get
+
+
+@pytest.fixture(scope="session")
+def package() -> Callable[[str], Path]:
+    """``package(model)``: the model's tiny package in build/ (tests/cpp/packages.py)."""
+    return tiny_package

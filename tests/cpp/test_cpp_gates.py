@@ -30,6 +30,7 @@ from ncnnport.contract import Tolerance
 from ncnnport.drivers import cpp_package_cases, cpp_parity
 from ncnnport.registry import CppCase
 from tests.cpp.make_targets import make_cpp
+from tests.cpp.packages import tiny_package
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -248,19 +249,6 @@ def built() -> Path:
     if "NCNNPORT_CPP_BUILD" not in os.environ:
         make_cpp()
     return BUILD
-
-
-_PACKAGES: dict[str, Path] = {}
-
-
-def tiny_package(model: str) -> Path:
-    """The model's tiny package in build/ (convert reuses an up-to-date one)."""
-    from ncnnport.stages import convert_stage, prepare
-    from ncnnport.targets import Target
-
-    if model not in _PACKAGES:
-        _PACKAGES[model] = Path(convert_stage(prepare(Target(model, "tiny", None))))
-    return _PACKAGES[model]
 
 
 def perturbed_copy(src: Path, dest: Path) -> tuple[Path, str]:

@@ -37,23 +37,6 @@ def cpp_exe(built_cpp) -> Path:
     return built_cpp(EXE, "NCNNPORT_CPP_EXE")
 
 
-_PACKAGES: dict[str, Path] = {}
-
-
-@pytest.fixture(scope="session")
-def package():
-    """model -> its tiny package in build/ (convert reuses an up-to-date one, else builds it)."""
-    from ncnnport.stages import convert_stage, prepare
-    from ncnnport.targets import Target
-
-    def get(model: str) -> Path:
-        if model not in _PACKAGES:
-            _PACKAGES[model] = Path(convert_stage(prepare(Target(model, "tiny", None))))
-        return _PACKAGES[model]
-
-    return get
-
-
 def copy_package(src: Path, dest: Path) -> Path:
     return Path(shutil.copytree(src, dest))
 

@@ -57,23 +57,6 @@ def vulkan_build() -> Path:
     return VULKAN_DIR
 
 
-_PACKAGES: dict[str, Path] = {}
-
-
-@pytest.fixture(scope="session")
-def package():
-    """model -> its tiny package in build/ (convert reuses an up-to-date one, else builds it)."""
-    from ncnnport.stages import convert_stage, prepare
-    from ncnnport.targets import Target
-
-    def get(model: str) -> Path:
-        if model not in _PACKAGES:
-            _PACKAGES[model] = Path(convert_stage(prepare(Target(model, "tiny", None))))
-        return _PACKAGES[model]
-
-    return get
-
-
 def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 1200) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, check=False,
                           env=None if env is None else {**os.environ, **env})
