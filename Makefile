@@ -47,7 +47,7 @@ bench-perf: PRESET = real
 bench-perf: LAYERS = 4
 bench-perf: $(STAMP)
 	set -e; for p in $(or $(PRECISION),$(PERF_PRECISIONS)); do \
-	  $(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) $(if $(THREADS_LIST),OMP_WAIT_POLICY=passive,OMP_NUM_THREADS=$(or $(THREADS),1)) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(if $(THREADS_LIST),--threads-list $(THREADS_LIST)) --precision $$p $(ARGS); \
+	  $(if $(filter 1,$(HUGEPAGES)),GLIBC_TUNABLES=glibc.malloc.hugetlb=1) $(if $(THREADS_LIST),,OMP_NUM_THREADS=$(or $(THREADS),1)) $(BIN)/ncnnport bench $(MODEL_OPTS) --perf --threads $(or $(THREADS),1) $(if $(THREADS_LIST),--threads-list $(THREADS_LIST)) --precision $$p $(ARGS); \
 	done
 
 # Youtu-VL vision encoder at real width, per layer (one window block per window, one full-attention
