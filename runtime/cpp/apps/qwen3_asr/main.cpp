@@ -24,6 +24,7 @@
 #include "asr.h"
 #include "chunking.h"
 #include "ncnnport/audio.h"
+#include "ncnnport/cli_args.h"
 #include "ncnnport/golden_verify.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/sha256.h"
@@ -42,26 +43,14 @@ struct Args {
     bool verify = false;  // the package's golden vectors instead of a transcription
 };
 
-class UsageError : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
+using ncnnport::int_arg;
+using ncnnport::UsageError;
 
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
     "                          [--mel-out FILE]\n"
     "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]\n";
-
-int int_arg(const std::string& flag, const std::string& value, int lo) {
-    try {
-        size_t used = 0;
-        const long v = std::stol(value, &used);
-        if (used == value.size() && v >= lo && v <= 1 << 30) return static_cast<int>(v);
-    } catch (const std::exception&) {
-    }
-    throw UsageError(flag + " '" + value + "': expected an integer >= " + std::to_string(lo));
-}
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
 void check_verify_args(const Args& a) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ncnnport/cli_args.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/sha256.h"
 #include "ncnnport/youtu_image.h"
@@ -37,10 +38,8 @@ struct Args {
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
-class UsageError : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
+using ncnnport::int_arg;
+using ncnnport::UsageError;
 
 constexpr int kMinPatches = 4;  // port.MIN_PATCHES: one 2x2 merge block
 
@@ -48,16 +47,6 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n";
-
-int int_arg(const std::string& flag, const std::string& value, int lo) {
-    try {
-        size_t used = 0;
-        const long v = std::stol(value, &used);
-        if (used == value.size() && v >= lo && v <= 1 << 30) return static_cast<int>(v);
-    } catch (const std::exception&) {
-    }
-    throw UsageError(flag + " '" + value + "': expected an integer >= " + std::to_string(lo));
-}
 
 Args parse_args(int argc, char** argv) {
     Args a;
