@@ -77,8 +77,13 @@ ncnn::Mat as_view(const ncnn::Mat& compact, int spare) {
 
 // Bitwise comparison of two runs; prints one line per output.
 bool same(const ncnnport::Graph& g, const std::vector<ncnnport::Tensor>& a, const std::vector<ncnnport::Tensor>& b) {
-    bool ok = true;
-    for (size_t i = 0; i < a.size(); ++i) {
+    bool ok = a.size() == b.size();
+    for (size_t i = 0; ok && i < a.size(); ++i) {
+        if (a[i].shape != b[i].shape || a[i].data.size() != b[i].data.size()) {
+            std::cout << "output " << g.outputs()[i].name << ": shapes differ\n";
+            ok = false;
+            break;
+        }
         size_t differ = 0;
         double worst = 0.0;
         for (size_t k = 0; k < a[i].data.size(); ++k) {
@@ -89,7 +94,7 @@ bool same(const ncnnport::Graph& g, const std::vector<ncnnport::Tensor>& a, cons
         }
         std::cout << "output " << g.outputs()[i].name << ": " << differ << " of " << a[i].data.size()
                   << " values differ" << (differ ? ", max |diff| " + std::to_string(worst) : "") << "\n";
-        ok = ok && differ == 0 && a[i].shape == b[i].shape;
+        ok = ok && differ == 0;
     }
     return ok;
 }
