@@ -113,19 +113,19 @@ def _walk_layer(layer: ParamLayer, cur: _BinCursor) -> list[Blob]:
             blobs += [cur.raw_fp32(_int(layer, "0")), cur.raw_fp32(1)]
         return blobs
     if t in ("RMSNorm", "LayerNorm"):
-        if not _int(layer, "2"):
+        if not _int(layer, "2", 1):  # affine defaults to 1
             return []
         return [cur.raw_fp32(_int(layer, "0")) for _ in range(1 if t == "RMSNorm" else 2)]
     if t == "Embed":
         blobs = [cur.flagged(_int(layer, "3"))]
         if _int(layer, "2"):
             blobs.append(cur.raw_fp32(_int(layer, "0")))
-        if _int(layer, "4"):
+        if _int(layer, "18"):
             blobs.append(cur.raw_fp32(1))
         return blobs
     if t == "MemoryData":
-        dims = [max(1, _int(layer, k)) for k in ("0", "1", "11", "2")]
-        return [cur.raw_fp32(int(np.prod(dims)))]
+        count = int(np.prod([max(1, _int(layer, k)) for k in ("0", "1", "11", "2")]))
+        return [cur.flagged(count) if _int(layer, "21", 1) == 0 else cur.raw_fp32(count)]
     if t == "Gemm":
         return _walk_gemm(layer, cur)
     raise ParamError(f"{cur.where}: layer {layer.name} of type {t}: the int8 rewrite does not know "
