@@ -295,33 +295,31 @@ def probe_input_dims(param: Path, weights: Path, spec: Mapping[str, Any],
             if len(s) == 1 and next(iter(s)) in ((1, 1), (2, 1))}
 
 
-def int8_package(src: Path, dst: Path, block: int = DEFAULT_BLOCK) -> dict[str, list[dict[str, Any]]]:
-    """``dst``: a copy of the fp32 package ``src`` with every graph's matrix-vector InnerProducts
-    in int8 (:func:`rewrite_graph`), its manifest re-hashed and the rewrite's receipts added."""
+def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, list[dict[str, Any]]]:
+    """Write ``out`` (a new folder): a copy of the fp32 package ``src`` with every graph's
+    matrix-vector InnerProducts in int8 (:func:`rewrite_graph`), the manifest re-hashed and the
+    rewrite's receipts added to its commands. Graphs with variants (param files sharing their
+    ``.bin``) are copied unchanged: a new ``.bin`` layout would break the variants."""
     from ncnnport.fsutil import read_json
     from ncnnport.package.golden import golden_path, read_golden
     from ncnnport.package.manifest import write_manifest
 
-    tmp = dst.with_name(dst.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
+    if out.exists():
+        raise FileExistsError(f"{out}: the int8 package is written into a new folder")
+    shutil.copytree(src, out)
     manifest = read_json(src / "manifest.json")
     receipts: dict[str, list[dict[str, Any]]] = {}
     for name in manifest.get("modules", []):
         param, weights = src / "ncnn" / f"{name}.ncnn.param", src / "ncnn" / f"{name}.ncnn.bin"
         spec = read_json(src / "specs" / f"{name}.spec.json")
-        if spec.get("variants"):  # variant params share this .bin: a new layout would break them
+        if spec.get("variants"):
             continue
         dims = probe_input_dims(param, weights, spec, read_golden(golden_path(src, name)))
         if dims:
-            receipts[name] = rewrite_graph(param, weights, tmp / "ncnn" / param.name,
-                                           tmp / "ncnn" / weights.name, dims, block)
+            receipts[name] = rewrite_graph(param, weights, out / "ncnn" / param.name,
+                                           out / "ncnn" / weights.name, dims, block)
     commands = list(manifest.get("pnnx_commands", [])) + [{"int8_weights": receipts}]
-    write_manifest(tmp, model=manifest["model"], source=manifest["source"],
+    write_manifest(out, model=manifest["model"], source=manifest["source"],
                    config_hash=manifest["config_sha256"], build_key=manifest["build_key"],
                    commands=commands, memory=manifest.get("memory"), modules=manifest.get("modules"))
-    if dst.exists():
-        shutil.rmtree(dst)
-    tmp.rename(dst)
     return receipts
