@@ -610,6 +610,9 @@ def int8_weights_stage(prep: Prepared, fp32: Path, force: bool = False) -> Path:
     tmp = pkg.with_name(pkg.name + ".partial")
     remove_package(tmp)
     receipts = int8_package(fp32, tmp)
+    if not receipts:
+        log(f"{t.model}: int8 weights: no graph has a matrix-vector InnerProduct outside graph variants; "
+            f"{pkg.name} computes what the fp32 package computes")
     for name, layers in receipts.items():
         log(f"{t.model}: int8 weights: {name}: {len(layers)} layer(s), "
             f"{sum(r['bytes_before'] for r in layers) / 2**20:.1f} -> {sum(r['bytes_after'] for r in layers) / 2**20:.1f} MiB")
