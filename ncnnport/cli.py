@@ -244,7 +244,7 @@ def _stage_list(text: str | None) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ncnnport.drivers.bench import run_bench, run_interleave, write_json
-    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.stages import convert_stage, precision_package, prepare
     from ncnnport.drivers.torch_ratio import perf_report, torch_ratio_table
 
     from ncnnport.runtime import precision
@@ -256,7 +256,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for t in _targets(args):
         prep = prepare(t)
         ref_pkg = convert_stage(prep, force=args.force)  # the fp32 graphs a reduced precision is judged by
-        pkg = convert_stage(prep, force=args.force, fp16_weights=True) if setting.fp16_weights else ref_pkg
+        pkg = precision_package(prep, setting, force=args.force)  # fp16 or int8 weights: their own package
         prec = {"precision": setting.name, "reference_package": ref_pkg}
         if args.perf and (args.torch_device or backends != ["cpu"]):  # runtimes side by side, with parity
             res = {"devices": _device_perf(args, prep, pkg, backends, sizes)}
@@ -403,7 +403,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     port.validate_run_args(margs)  # before the model load: a bad input fails in milliseconds
     if args.package is not None:
         return run_from_package(port, args)
-    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.stages import precision_package, prepare
     from ncnnport.runtime.lazy_modules import LazyModules
     t = Target(args.model, args.preset, args.ckpt, args.build_dir, layers=args.layers)
     note = seeded_note(t)
@@ -414,7 +414,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     setting = precision.get(args.precision)
     with _locked(t, args):
         prep = prepare(t)
-        pkg = convert_stage(prep, force=args.force, fp16_weights=setting.fp16_weights)
+        pkg = precision_package(prep, setting, force=args.force)
     options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
     # the one runner lifecycle: a graph opens when the port first uses it, and a port may release it
     modules = LazyModules(pkg, options=options)
@@ -428,8 +428,9 @@ def run_from_package(port: Any, args: argparse.Namespace) -> int:
     from ncnnport.runtime import precision
     from ncnnport.runtime.options import RuntimeOptions
     setting = precision.get(args.precision)
-    if setting.fp16_weights:
-        raise ValueError(f"--precision {args.precision} needs a package converted with fp16 weights; "
+    if setting.fp16_weights or setting.int8_weights:
+        kind = "fp16" if setting.fp16_weights else "int8"
+        raise ValueError(f"--precision {args.precision} needs a package converted with {kind} weights; "
                          "pass that package with --package and --precision fp32")
     options = setting.options(RuntimeOptions(num_threads=args.threads, low_memory=args.low_memory))
     from ncnnport.runtime.lazy_modules import LazyModules

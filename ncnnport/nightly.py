@@ -27,15 +27,16 @@ def full_parity(prep: Any, package: Path, user_inputs: Sequence[Path] = (), swee
     from ncnnport.parity.sweep import sweep
     from ncnnport.runtime import precision as precisions
     from ncnnport.drivers.bench import vulkan_available
-    from ncnnport.stages import convert_stage
+    from ncnnport.stages import precision_package
 
     setting = precisions.get(precision)
-    main_pkg = convert_stage(prep, fp16_weights=True) if setting.fp16_weights else package
+    main_pkg = package if setting.package_name == "package" else precision_package(prep, setting)
     summary = run_parity(prep, main_pkg, user_inputs=user_inputs, options=setting.options(),
                          precision=setting.mode, official_ref=official_ref)
     if sweep_options:
         def run_variant(v):
-            vpkg = convert_stage(prep, fp16_weights=True) if v.fp16_weights else package
+            vsetting = precisions.get(v.setting)
+            vpkg = package if vsetting.package_name == "package" else precision_package(prep, vsetting)
             return run_parity(prep, vpkg, user_inputs=user_inputs, options=v.options, precision=v.precision)
         summary["option_sweep"] = sweep(run_variant, gpu=vulkan_available(), budget=prep.policy.default)
         summary["gates_passed"] = summary["gates_passed"] and all(

@@ -586,6 +586,42 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
     return pkg
 
 
+def precision_package(prep: Prepared, setting: Any, force: bool = False) -> Path:
+    """The package ``setting`` (a ``runtime.precision.Precision``) runs on: the pnnx fp16-weights
+    package, the int8 package derived from the fp32 one, or the fp32 package itself."""
+    if setting.fp16_weights:
+        return convert_stage(prep, force=force, fp16_weights=True)
+    fp32 = convert_stage(prep, force=force)
+    return int8_weights_stage(prep, fp32, force=force) if setting.int8_weights else fp32
+
+
+def int8_weights_stage(prep: Prepared, fp32: Path, force: bool = False) -> Path:
+    """``package-int8w/`` beside ``fp32``: its matrix-vector InnerProducts in int8
+    (``convert.int8_weights``); redone when the fp32 package (its manifest) or the code changed."""
+    from ncnnport.convert.int8_weights import int8_package
+
+    t = prep.target
+    pkg = fp32.with_name("package-int8w")
+    key = f"{prep.build_key}:{sha256_file(fp32 / 'manifest.json')}"
+    if not force and _state(t).get("converted_int8w") == key and pkg.exists() and not check_package(pkg):
+        log(f"{t.model}: int8 weights up to date ({pkg})")
+        return pkg
+    log(f"{t.model}: int8 weights: rewriting the matrix-vector InnerProducts of {fp32}")
+    tmp = pkg.with_name(pkg.name + ".partial")
+    remove_package(tmp)
+    receipts = int8_package(fp32, tmp)
+    if not receipts:
+        log(f"{t.model}: int8 weights: no graph has a matrix-vector InnerProduct outside graph variants; "
+            f"{pkg.name} computes what the fp32 package computes")
+    for name, layers in receipts.items():
+        log(f"{t.model}: int8 weights: {name}: {len(layers)} layer(s), "
+            f"{sum(r['bytes_before'] for r in layers) / 2**20:.1f} -> {sum(r['bytes_after'] for r in layers) / 2**20:.1f} MiB")
+    remove_package(pkg)
+    tmp.rename(pkg)
+    write_json(t.state_file, {**_state(t), "converted_int8w": key})
+    return pkg
+
+
 def torch_modules(prep: Prepared) -> dict[str, Any]:
     from ncnnport.runtime.session import TorchModule
     return {s.name: TorchModule(s.build(), s.to_json()) for s in prep.specs}

@@ -45,11 +45,23 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "fp32": 2.0 ** -24,
     "fp16": 2.0 ** -11,
     "fp16_weights": 2.0 ** -11,
+    # int8 weights (package-int8w): symmetric int8 on a grid of absmax / 127 per 128-block, the
+    # weights once and each matrix-vector input at every call; half a step is 1/254 of the block's
+    # absmax (3.94e-3, bf16's 2^-8 = 3.91e-3 within 1 %), hence bf16's kappa and token gates
+    "int8_weights": 1.0 / 254.0,
     "fp16_arithmetic": 2.0 ** -11,
     "bf16": 2.0 ** -8,
     "vulkan_fp32": 2.0 ** -24,
     "vulkan_fp16": 2.0 ** -11,
 }
+
+# int8 weights round on a grid of absmax / 127 per 128-block, so their rms error relative to the
+# block's rms is crest / (254 sqrt 3) where bf16's is 2^-8 / sqrt 3: the ratio is crest x 256/254.
+# crest: the expected absmax / rms of a 128-block of Gaussian values (2.83; recomputed by
+# tests/ncnnport/test_int8_precision.py). Token metrics follow the rms error (KL ~ its square,
+# top-1 misses ~ it), so int8's token gates are bf16's scaled by this ratio (policy notes).
+INT8_BLOCK_CREST = 2.83
+INT8_RMS_RATIO = INT8_BLOCK_CREST * 256 / 254
 
 # sup_x |gelu_tanh(x) - gelu_erf(x)| / max(1, |x|): the tanh form's error relative to the size of
 # its input (at x = 2.59; recomputed from both formulas by tests/parity/test_vulkan_budgets.py)

@@ -33,14 +33,15 @@ INDEX = "cases.json"
 
 def replay(package: Path, cases: Path, policy: Policy) -> list[dict[str, Any]]:
     """One row per sweep variant: worst relative max_abs and cosine over all cases, and whether
-    every output is within the variant's precision budget (pnnx fp16 weights: the sibling
-    ``package-fp16w`` when it exists)."""
+    every output is within the variant's precision budget (pnnx fp16 or int8 weights: the sibling
+    ``package-fp16w`` / ``package-int8w`` when it exists)."""
+    from ncnnport.runtime import precision
     from ncnnport.runtime.lazy_modules import LazyModules
 
     index = json.loads((cases / INDEX).read_text())
     rows = []
     for v in variants(gpu=False):
-        pkg = package.with_name("package-fp16w") if v.fp16_weights else package
+        pkg = package.with_name(precision.get(v.setting).package_name)
         if not (pkg / "manifest.json").is_file():
             continue
         mods = LazyModules(pkg, options=v.options)

@@ -27,21 +27,30 @@ class Precision:
     flags: Mapping[str, bool] = field(default_factory=dict)
     fp16_weights: bool = False                  # the pnnx fp16-weights package (package-fp16w)
     why: str = ""
+    int8_weights: bool = False                  # the int8 matrix-vector package (package-int8w)
 
     def options(self, base: RuntimeOptions = RuntimeOptions()) -> RuntimeOptions:
         """``base`` with exactly this precision's flags (the others reset, threads/backend kept)."""
         return base.with_(**{k: bool(self.flags.get(k, False)) for k in PRECISION_FIELDS})
 
     @property
+    def package_name(self) -> str:
+        """The build folder this precision's graphs live in, beside the fp32 ``package``."""
+        return "package-fp16w" if self.fp16_weights else "package-int8w" if self.int8_weights else "package"
+
+    @property
     def inner_product_weight_bytes(self) -> int:
-        """Bytes per weight an ncnn InnerProduct reads per call on x86: 2 under
-        ``use_fp16_storage`` (the layer converts its weights to fp16 at load), else 4 (a pnnx
-        fp16-weights package is widened to fp32 when loaded). For the bandwidth bound."""
+        """Bytes per weight an ncnn InnerProduct reads per call on x86: 1 for the int8 package's
+        matrix-vector projections (plus one fp32 scale per 128 weights, 3 % more, not counted),
+        2 under ``use_fp16_storage`` (the layer converts its weights to fp16 at load), else 4 (a
+        pnnx fp16-weights package is widened to fp32 when loaded). For the bandwidth bound."""
+        if self.int8_weights:
+            return 1
         return 2 if self.flags.get("fp16_storage") else 4
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "flags": dict(self.flags),
-                "fp16_weights": self.fp16_weights}
+                "fp16_weights": self.fp16_weights, "int8_weights": self.int8_weights}
 
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
@@ -56,6 +65,9 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("bf16", "bf16", {"bf16_storage": True}, why="bf16 storage; arithmetic fp32"),
     Precision("fp16-weights", "fp16_weights", fp16_weights=True,
               why="pnnx stores the weights in fp16 (package-fp16w); ncnn runs fp32"),
+    Precision("int8-weights", "int8_weights", int8_weights=True,
+              why="matrix-vector InnerProducts as ncnn's weight-quantized int8 Gemm (package-int8w): "
+                  "int8 weights per row and 128-block, inputs quantized per call; the rest fp32"),
 )}
 NAMES = tuple(PRECISIONS)
 
@@ -77,10 +89,10 @@ def get(name: str) -> Precision:
 
 
 def of_options(options: RuntimeOptions) -> Precision:
-    """The vocabulary entry whose flags ``options`` carries (a package's fp16 weights are not
-    visible in options: such a run reads as its ncnn flags, i.e. ``fp32``)."""
+    """The vocabulary entry whose flags ``options`` carries (a package's fp16 or int8 weights are
+    not visible in options: such a run reads as its ncnn flags, i.e. ``fp32``)."""
     for p in PRECISIONS.values():
-        if not p.fp16_weights and p.options(options) == options:
+        if not p.fp16_weights and not p.int8_weights and p.options(options) == options:
             return p
     flags = {k: getattr(options, k) for k in PRECISION_FIELDS if getattr(options, k)}
     raise ValueError(f"runtime options {flags} name no precision of {', '.join(NAMES)}")

@@ -31,11 +31,12 @@ PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100",
 TOKEN_ID = 11
 
 # Issue 17's decode targets, judged by `make bench-perf` on the rows it measured: the decode layers
-# at >= 85 % of the bandwidth bound with 4-byte (fp32) and with 2-byte (fp16) InnerProduct weights.
+# at >= 85 % of the bandwidth bound with 4-byte (fp32), 2-byte (fp16) and 1-byte (int8-weights)
+# InnerProduct weights.
 PERF_TARGETS = [
     PerfTarget(f"decode {w}-byte weights >= 85 % of bound, P={p}", "decode", p, "ncnn_pct_of_bound",
                at_least=85, weight_bytes=w)
-    for w in (4, 2) for p in ("100", "1000")
+    for w in (4, 2, 1) for p in ("100", "1000")
 ]
 
 

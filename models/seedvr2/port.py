@@ -442,6 +442,7 @@ class SeedVR2Port(KitPort):
         from ncnnport.package.manifest import check_package
         from ncnnport.models.seedvr2.pipeline import restore
         from ncnnport.parity.sweep import variants
+        from ncnnport.runtime import precision
         from ncnnport.runtime.lazy_modules import LazyModules
 
         ref = ctx.loaded.reference
@@ -449,9 +450,8 @@ class SeedVR2Port(KitPort):
         for v in variants(gpu=False):
             if v.precision == "fp32":
                 continue
-            pkg = ctx.package_dir
-            if v.fp16_weights:
-                pkg = ctx.package_dir.with_name("package-fp16w")
+            pkg = ctx.package_dir.with_name(precision.get(v.setting).package_name)
+            if pkg != ctx.package_dir:  # pnnx fp16 or int8 weights: their own package
                 if check_package(pkg):
                     continue  # not converted yet: the sweep converts it and measures it there
             mods = LazyModules(pkg, options=v.options)

@@ -123,7 +123,7 @@ def test_torch_threads_restores_on_error() -> None:
     assert torch.get_num_threads() == before
 
 
-def test_inner_product_weight_width_follows_fp16_storage_only() -> None:
+def test_inner_product_weight_width_follows_fp16_storage_and_int8_weights_only() -> None:
     widths = {n: precision.get(n).inner_product_weight_bytes for n in precision.NAMES}
     assert widths == {"fp32": 4, "fp16-storage": 2, "fp16-packed": 2, "fp16-arithmetic": 2, "bf16": 4,
-                      "fp16-weights": 4}
+                      "fp16-weights": 4, "int8-weights": 1}

@@ -64,7 +64,7 @@ def test_every_reduced_mode_is_derived_from_the_rule(model):
     policy = Policy.load(ROOT / "models" / model / "policy.json")
     rule = policy.rule
     assert rule is not None
-    for precision in ("fp16", "bf16", "fp16_weights", "fp16_arithmetic"):
+    for precision in ("fp16", "bf16", "fp16_weights", "fp16_arithmetic", "int8_weights"):
         tol = policy.default(precision)
         assert tol == derive(rule, precision, policy.default("fp32"))
         assert tol.max_abs_rel >= policy.default("fp32").max_abs_rel

@@ -300,8 +300,10 @@ def test_e2e_records_frame_metrics_per_reduced_precision_option(summary) -> None
     from ncnnport.parity.sweep import variants
 
     recs = {r["stage"]: r for r in summary["e2e"] if r["stage"].startswith("precision:")}
-    runtime_variants = {f"precision:{v.name}" for v in variants(False)
-                        if v.precision != "fp32" and not v.fp16_weights}
+    from ncnnport.runtime import precision
+
+    runtime_variants = {f"precision:{v.name}" for v in variants(False)  # on the fp32 package itself
+                        if v.precision != "fp32" and precision.get(v.setting).package_name == "package"}
     assert runtime_variants <= set(recs)
     for r in recs.values():
         assert r["passed"], r
