@@ -183,6 +183,10 @@ class KitPort(ModelPort):
             raise ValueError(f"{self.name}: its torch bench runs on the CPU only (no --torch-device {device})")
         return call(loaded.reference, stage, size, device=device)
 
+    def bench_unmatched(self, stage: str) -> str | None:
+        """The bench module's ``UNMATCHED_OUTPUTS[stage]`` (why its torch and ncnn calls differ)."""
+        return getattr(self._own(self.bench_module), "UNMATCHED_OUTPUTS", {}).get(stage)
+
     def bench_peer_graphs(self, loaded: LoadedModel, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
         """The bench module's ``peer_graphs(reference, stage, size)`` (None when it has none)."""
         fn = getattr(self._own(self.bench_module), "peer_graphs", None)

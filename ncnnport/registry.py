@@ -241,6 +241,12 @@ class ModelPort(ABC):
         """Stages and sizes of the speed table (``bench --perf``); default: every bench stage."""
         return self.bench_stages()
 
+    def bench_unmatched(self, stage: str) -> str | None:
+        """Why ``bench_call`` and ``torch_bench_call`` of ``stage`` return different numbers (the
+        same work on different inputs, e.g. a K/V cache filled two ways), so their outputs must not
+        be compared; None when they take the same inputs (the device table's parity columns)."""
+        return None
+
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str,
                     precision: str = "fp32") -> dict[str, int] | None:
         """Bytes one call of a bench stage must read under ``precision`` (``{"weights": ..,

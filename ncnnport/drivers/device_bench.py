@@ -5,7 +5,10 @@ each ``--torch-device``, and ncnn on each backend. Every row has the first call 
 creation, weight upload) apart from the median and minimum of the timed runs, and the worst
 cosine and max_abs / max|ref| of its outputs against the torch CPU outputs on the same inputs.
 The work per stage is the port's own bench hooks (``bench_call``, ``torch_bench_call``), so a
-model needs no script of its own to be timed on a GPU.
+model needs no script of its own to be timed on a GPU. Where a port's two calls do the same work
+on different inputs (``bench_unmatched``: the LLM decode stages fill their K/V caches two ways),
+the ncnn rows say so instead of printing a cosine between unrelated numbers (the H200 table read
+cosine -0.007 for qwen3-asr decode, on CPU and Vulkan alike).
 
 What the numbers include: ncnn calls take numpy in and out (host<->device copies inside every
 Vulkan call); a torch device call keeps its tensors on the device and synchronises per call,
@@ -128,6 +131,8 @@ def device_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequenc
                 del make_ref
                 ref = ref_timed["outputs"]
                 _emit(rows, _row(model, stage, size, f"torch eager cpu t{threads}", ref_timed, None, "parity reference"))
+                unmatched = port.bench_unmatched(stage)  # ncnn's call then runs other inputs: no parity
+                ncnn_ref, ncnn_note = (None, f"not compared: {unmatched}") if unmatched else (ref, "")
                 for dev in others:
                     missing = device_missing(dev)
                     if missing:
@@ -143,7 +148,7 @@ def device_table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequenc
                     modules = open_ncnn_modules(package, options=backend_options(backend, threads, precision))
                     timed = time_call(port.bench_call(loaded, modules, stage, size), warmup, runs)
                     del modules
-                    _emit(rows, _row(model, stage, size, f"ncnn {backend} t{threads}", timed, ref))
+                    _emit(rows, _row(model, stage, size, f"ncnn {backend} t{threads}", timed, ncnn_ref, ncnn_note))
     finally:
         torch.set_num_threads(threads_before)
     return rows

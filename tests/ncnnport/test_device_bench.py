@@ -14,6 +14,10 @@ class Port:
     """A port whose ncnn side is off by ``err`` relative and whose torch side takes a device."""
 
     err = 1e-6
+    unmatched = None
+
+    def bench_unmatched(self, stage):
+        return self.unmatched
 
     def torch_bench_call(self, loaded, stage, size, device="cpu"):
         return lambda: [X.copy()]
@@ -54,6 +58,26 @@ def test_a_broken_backend_shows_in_its_parity_columns(monkeypatch):
     port.err = 0.5
     rows = _table(monkeypatch, port, ["cpu"], [])
     assert rows[-1]["rel_vs_torch_cpu"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_ncnn_rows_on_other_inputs_print_no_cosine(monkeypatch):
+    """A port whose ncnn call runs other inputs (its K/V cache filled another way) gets no parity
+    columns on its ncnn rows (the H200 table had printed cosine -0.007 for them)."""
+    port = Port()
+    port.err, port.unmatched = 0.5, "the caches are filled two ways"
+    by = {r["runtime"]: r for r in _table(monkeypatch, port, ["cpu"], [])}
+    ncnn = by["ncnn cpu t1"]
+    assert ncnn["cos_vs_torch_cpu"] is None and ncnn["rel_vs_torch_cpu"] is None
+    assert ncnn["note"] == "not compared: the caches are filled two ways" and ncnn["runs"] == 2
+
+
+def test_llm_decode_stages_declare_their_inputs_unmatched():
+    from ncnnport.registry import get_port
+
+    for model, stages in {"qwen3-asr": ("decode", "token"), "youtu-vl": ("decode", "layers")}.items():
+        port = get_port(model)
+        assert all(port.bench_unmatched(s) for s in stages), model
+    assert get_port("youtu-vl").bench_unmatched("vision_encoder") is None
 
 
 def test_torch_device_on_a_port_without_one_is_one_line(monkeypatch):
