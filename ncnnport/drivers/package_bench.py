@@ -19,6 +19,7 @@ from ncnnport.metrics import compare
 from ncnnport.runtime.bench import measure
 from ncnnport.runtime.options import RuntimeOptions
 from ncnnport.runtime.vulkan import backend_label, default_device, device_for
+from ncnnport.runtime.vulkan_fallback import census
 
 
 def spec_inputs(spec: dict[str, Any], which: int = 1, seed: int = 0) -> list[np.ndarray]:
@@ -37,6 +38,20 @@ def spec_inputs(spec: dict[str, Any], which: int = 1, seed: int = 0) -> list[np.
     return out
 
 
+def print_vulkan_fallback(package: Path, names: Sequence[str]) -> dict[str, Any]:
+    """The census (``runtime.vulkan_fallback``) of each graph, printed as a table: which layers
+    a Vulkan run leaves on the CPU and how many host syncs that costs per call. Needs no GPU."""
+    print("| module | layers | Vulkan run: layers on the CPU | host syncs per call |")
+    print("|---|---|---|---|")
+    found = {}
+    for name in names:
+        c = found[name] = census(package / "ncnn" / f"{name}.ncnn.param")
+        kinds = ", ".join(f"{t} x{n}" for t, n in sorted(c.cpu_layers.items())) or "none"
+        print(f"| {name} | {c.layers} | {kinds} | {c.syncs} |")
+    print()
+    return found
+
+
 def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warmup: int = 3,
                   runs: int = 20, modules: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from ncnnport.drivers.bench import backend_options, vulkan_available
@@ -47,6 +62,7 @@ def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warm
     rows = []
     if "vulkan" in backends and default_device() is not None:
         print(f"vulkan device: {default_device().describe()}")
+    fallback = print_vulkan_fallback(package, names) if "vulkan" in backends else {}
     print("| module | backend | runs | median (ms) | mean +- std (ms) | first call (ms) | drift %/100 (95% CI) "
           "| RSS growth (MB) | identical | cosine vs cpu | max_abs/max|cpu| |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -76,5 +92,7 @@ def bench_package(package: Path, backends: Sequence[str], threads: int = 1, warm
             row = {"module": name, "backend": backend, "device": device_for(backend), **r.to_json(), "cosine_vs_cpu": cos,
                    "rel_max_abs_vs_cpu": rel}
             row.pop("times_ms", None)
+            if backend == "vulkan":
+                row["vulkan_fallback"] = fallback[name].to_json()
             rows.append(row)
     return rows

@@ -91,4 +91,5 @@ def test_package_bench_cross_checks_backends_from_specs_alone(toy_package, tmp_p
     if vulkan_available():
         dev = vulkan.default_device()
         assert rows[1]["device"]["name"] == dev.name and rows[1]["cosine_vs_cpu"] > 0.999999
+        assert rows[1]["vulkan_fallback"]["graph"] == "toy"
         assert f"vulkan: {dev.label}" in capsys.readouterr().out
