@@ -118,8 +118,9 @@ def test_no_torch_holds_no_reference_during_the_rounds(tmp_path, monkeypatch, bu
     ref = prep.loaded.reference
     assert ref.is_materialized  # the package's e2e cases ran the whole reference
     benches: list[Any] = []
-    monkeypatch.setattr(youtu_bench, "YoutuVlBench", type("Recorded", (youtu_bench.YoutuVlBench,), {
-        "__init__": lambda self, ctx: (youtu_bench.YoutuVlBench.__init__(self, ctx), benches.append(self))[0]}))
+    original = youtu_bench.YoutuVlBench
+    monkeypatch.setattr(youtu_bench, "YoutuVlBench", type("Recorded", (original,), {
+        "__init__": lambda self, ctx: (original.__init__(self, ctx), benches.append(self))[0]}))
     seen: list[tuple[bool, list[str]]] = []
     report = cpp_bench.run_bench(prep, package, [40], new_tokens=3, rounds=2, torch=False,
                                  log=lambda _m: seen.append((ref.is_materialized, benches[0].modules.live)))
