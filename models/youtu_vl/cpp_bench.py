@@ -4,10 +4,12 @@ P = the whole chat prompt (system + template + user text): a text prompt of repe
 many as keep the tokenized prompt <= P. The package's graphs open lazily, so a text-only run never
 loads the vision tower; the torch column is transformers' ``YoutuForCausalLM`` on the same ids.
 
-Memory (real widths, 4 layers: the LLM graphs and head are 4.6 GB, the whole torch reference
-6.2 GB): the Python loop releases its graphs after every run (they reopen in the next prefill,
-which per-token decode does not time), so the C++ process and the torch run never sit beside
-them; the reference is built only by the first torch run, never under ``--no-torch``.
+Memory (real widths, 4 layers: the whole torch reference is 6.2 GB): each in-process runtime
+holds its weights only during its own call, so the three runtimes never hold their peaks at
+once (the C++ process runs beside the bench process). The Python loop releases its graphs after
+every run (they reopen in the next prefill, which per-token decode does not time); the torch
+call builds the lazy reference and drops it after its tokens (rebuilt, untimed, by the next
+torch call); under ``--no-torch`` it is never built.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ class YoutuVlBench:
 
     def torch_call(self, ids: np.ndarray, new_tokens: int) -> Callable[[], DecodeRun]:
         """transformers' ``YoutuForCausalLM`` eager on the same ids with a DynamicCache. The
-        reference is reached inside the call: ``.llm`` builds the whole lazy model (6.2 GB at
-        real widths, 4 layers), which ``--no-torch`` must never hold."""
+        reference is reached inside the call (``.llm`` builds the whole lazy model, 6.2 GB at
+        real widths, 4 layers) and released after it, so neither ``--no-torch`` nor the other
+        runtimes' calls hold it."""
         import torch
 
         prompt = torch.from_numpy(ids.astype(np.int64)).reshape(1, -1)
@@ -100,7 +103,10 @@ class YoutuVlBench:
                 return llm(input_ids=torch.tensor([[token]]), cache=cache, position_ids=pos,
                            use_cache=True).logits
 
-            return torch_greedy(step, prefill, new_tokens, int(ids.size), llm.config)
+            try:
+                return torch_greedy(step, prefill, new_tokens, int(ids.size), llm.config)
+            finally:
+                self.ctx.loaded.reference.release()
         return run
 
 

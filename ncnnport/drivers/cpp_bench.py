@@ -20,9 +20,10 @@ the rounds); C++ and Python frame bytes compared (equal, else the level differen
 the two ncnn builds differ in the last bits, see runtime/cpp/README.md).
 
 Memory (the real widths fill a 24 GB machine): the bench process holds the package's graphs
-and, only while torch runs, the reference. With ``torch=False`` a reference that can drop its
-materialised weights (``lazy_weights.LazyModel``: export's package cases or an earlier run built
-it whole) drops them before the rounds. After every in-process call the freed buffers (a
+and, only while torch runs, the reference. A reference that can drop its materialised weights
+(``lazy_weights.LazyModel``: export's package cases or an earlier run built it whole) drops them
+before the rounds: nothing runs it under ``--no-torch``, and a torch call rebuilds it on demand
+(a port may drop it again after its call). After every in-process call the freed buffers (a
 prefill's activations, a torch run's cache) go back to the OS before the next runtime starts.
 Each runtime's peak RSS per round is in the row: the bench process's VmHWM over its Python or
 torch call, the executable's own VmHWM (sampled while it runs) for the C++ call.
@@ -173,9 +174,10 @@ def with_peak_rss(name: str, call: Callable[[], Any], peaks: list[int]) -> Calla
 
 def release_reference(loaded: Any) -> bool:
     """Drop the reference's materialised weights when it can rebuild them on demand (a
-    ``lazy_weights.LazyModel``); True when something was dropped. Why: with ``--no-torch`` nothing
-    runs the reference, yet export's package cases (tiny sizes) or a port may have built it
-    whole, and at real widths that is as large as the package's own graphs."""
+    ``lazy_weights.LazyModel``); True when something was dropped. Why: export's package cases
+    (tiny sizes) or a port may have built it whole, and at real widths it is larger than the
+    package's own graphs: with ``--no-torch`` nothing runs it, with torch the first torch call
+    rebuilds it (untimed), and until then the other runtimes need not sit beside it."""
     from ncnnport.lazy_weights import LazyModel
 
     ref = getattr(loaded, "reference", None)
@@ -303,7 +305,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     model = prep.target.model
     check_options(model, rounds, new_tokens)
     exe = find_executable(prep.port.cpp_executable)
-    released = False if torch else release_reference(prep.loaded)
+    released = release_reference(prep.loaded)
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)
     try:

@@ -108,10 +108,12 @@ def _bench(model: str, sizes, tmp_path, monkeypatch, built_cpp, new_tokens=6):
 
 
 @pytest.mark.slow
-def test_no_torch_holds_no_reference_during_the_rounds(tmp_path, monkeypatch, built_cpp):
-    """--no-torch: the reference that export's package cases built whole is dropped before the
-    rounds and no case builds it again (the P=1000 row was OOM-killed holding it at real widths);
-    the Python loop's graphs are closed whenever another runtime starts."""
+@pytest.mark.parametrize("torch_runs", [False, True])
+def test_no_runtime_holds_its_weights_beside_another(torch_runs, tmp_path, monkeypatch, built_cpp):
+    """The reference that export's package cases built whole is dropped before the rounds; no
+    case builds it under --no-torch (the P=1000 row was OOM-killed holding it at real widths) and
+    each torch call drops it after its tokens; the Python loop's graphs are closed whenever
+    another runtime starts."""
     from ncnnport.models.youtu_vl import cpp_bench as youtu_bench
 
     prep, package = _prepared("youtu-vl", tmp_path, monkeypatch, built_cpp)
@@ -122,12 +124,13 @@ def test_no_torch_holds_no_reference_during_the_rounds(tmp_path, monkeypatch, bu
     monkeypatch.setattr(youtu_bench, "YoutuVlBench", type("Recorded", (original,), {
         "__init__": lambda self, ctx: (original.__init__(self, ctx), benches.append(self))[0]}))
     seen: list[tuple[bool, list[str]]] = []
-    report = cpp_bench.run_bench(prep, package, [40], new_tokens=3, rounds=2, torch=False,
+    report = cpp_bench.run_bench(prep, package, [40], new_tokens=3, rounds=2, torch=torch_runs,
                                  log=lambda _m: seen.append((ref.is_materialized, benches[0].modules.live)))
-    assert seen == [(False, [])] * 4
+    assert seen == [(False, [])] * (6 if torch_runs else 4)
     assert report["reference_released"] and report["passed"]
     (row,) = report["rows"]
-    assert "torch" not in row and row["cpp"]["peak_rss_mb"]["min"] > 0 and row["python"]["peak_rss_mb"]["min"] > 0
+    assert ("torch" in row) is torch_runs
+    assert all(row[name]["peak_rss_mb"]["min"] > 0 for name in cpp_bench.RUNTIMES if name in row)
 
 
 @pytest.mark.slow
@@ -257,7 +260,7 @@ class TinyLazy(LazyModel):
 
 
 @pytest.mark.parametrize("torch_runs", [False, True])
-def test_the_driver_drops_a_built_reference_only_without_torch(fake_models, tmp_path, torch_runs):
+def test_the_driver_drops_a_built_reference_before_the_rounds(fake_models, tmp_path, torch_runs):
     ref = TinyLazy()
     ref.full()
     prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
@@ -265,8 +268,9 @@ def test_the_driver_drops_a_built_reference_only_without_torch(fake_models, tmp_
     seen: list[bool] = []
     report = cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=2, torch=torch_runs,
                                  log=lambda _m: seen.append(ref.is_materialized))
-    assert report["reference_released"] is (not torch_runs) and seen == [torch_runs] * len(seen)
-    assert len(seen) == (6 if torch_runs else 4)
+    assert report["reference_released"] and seen == [False] * (6 if torch_runs else 4)
+    assert not cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=1, torch=torch_runs,
+                                   log=lambda _m: None)["reference_released"]  # nothing left to drop
 
 
 def test_every_runtime_row_has_its_peak_rss(fake_models, tmp_path):
