@@ -483,6 +483,11 @@ class LazyModel:
     def is_materialized(self) -> bool:
         return self._full is not None
 
+    def release(self) -> None:
+        """Drop the whole model ``full()`` built (``part``/``full`` rebuild it on demand), so a
+        caller that no longer runs the reference (``bench-cpp --no-torch``) does not hold it."""
+        self._full = None
+
     def __getattr__(self, name: str):
         # only reached for attributes this object lacks: delegate to the whole model
         if name.startswith("_") or name in type(self).OWN:

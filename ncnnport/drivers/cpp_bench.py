@@ -18,6 +18,15 @@ loop's host overhead ``(decode_s - decode_graph_s) / decode_s`` is judged agains
 seconds.load_graphs`` (its graphs load lazily inside the run; the Python loop's are opened before
 the rounds); C++ and Python frame bytes compared (equal, else the level difference is printed:
 the two ncnn builds differ in the last bits, see runtime/cpp/README.md).
+
+Memory (the real widths fill a 24 GB machine): the bench process holds the package's graphs
+and, only while torch runs, the reference. A reference that can drop its materialised weights
+(``lazy_weights.LazyModel``: export's package cases or an earlier run built it whole) drops them
+before the rounds: nothing runs it under ``--no-torch``, and a torch call rebuilds it on demand
+(a port may drop it again after its call). After every in-process call the freed buffers (a
+prefill's activations, a torch run's cache) go back to the OS before the next runtime starts.
+Each runtime's peak RSS per round is in the row: the bench process's VmHWM over its Python or
+torch call, the executable's own VmHWM (sampled while it runs) for the C++ call.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ncnnport.drivers.cpp_parity import CppRuntimeError, find_executable, frames_of, frames_sha256, run_executable
+from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
 from ncnnport.runtime.perf_timing import ratio_estimate
@@ -105,6 +116,76 @@ def interleaved_runs(calls: Mapping[str, Callable[[], Any]], rounds: int,
             progress(f"round {r + 1}/{rounds}: {name}")
             out[name][r] = calls[name]()
     return out
+
+
+class ChildPeak:
+    """The largest VmHWM of this process's child processes, sampled every ``period_s`` in a
+    thread while the ``with`` body runs (a child's peak is gone once it has exited, so it is
+    read while it lives; the C++ loop's peak is its prefill, long before its exit). A child too
+    short-lived to be sampled is still caught when it raised the lifetime children peak
+    (``getrusage``), which is then its own."""
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        self.period_s = period_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._lifetime_before = children_peak_rss_bytes()
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while True:
+            for child in me.children(recursive=True):
+                self.peak = max(self.peak, child_peak_rss_bytes(child.pid))
+            if self._stop.wait(self.period_s):
+                return
+
+    def __enter__(self) -> "ChildPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        lifetime = children_peak_rss_bytes()
+        if lifetime > self._lifetime_before:
+            self.peak = max(self.peak, lifetime)
+
+
+def with_peak_rss(name: str, call: Callable[[], Any], peaks: list[int]) -> Callable[[], Any]:
+    """``call`` recording its peak RSS into ``peaks``: the executable's (``cpp``, a child
+    process) or this process's VmHWM over the call; freed memory is handed back to the OS
+    before it starts, so a runtime does not start on top of the previous one's buffers."""
+    def measured() -> Any:
+        release_memory()
+        if name == "cpp":
+            with ChildPeak() as child:
+                result = call()
+            peaks.append(child.peak)
+            return result
+        reset_peak_rss()
+        result = call()
+        peaks.append(peak_rss_bytes())
+        return result
+    return measured
+
+
+def release_reference(loaded: Any) -> bool:
+    """Drop the reference's materialised weights when it can rebuild them on demand (a
+    ``lazy_weights.LazyModel``); True when something was dropped. Why: export's package cases
+    (tiny sizes) or a port may have built it whole, and at real widths it is larger than the
+    package's own graphs: with ``--no-torch`` nothing runs it, with torch the first torch call
+    rebuilds it (untimed), and until then the other runtimes need not sit beside it."""
+    from ncnnport.lazy_weights import LazyModel
+
+    ref = getattr(loaded, "reference", None)
+    if not (isinstance(ref, LazyModel) and ref.is_materialized):
+        return False
+    ref.release()
+    release_memory()
+    return True
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -207,9 +288,14 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
         kinds.add(case.kind)
         if len(kinds) > 1:
             raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
-        runs = interleaved_runs(case_calls(case, exe, json_out, torch), rounds,
-                                lambda m, label=case.label: log(f"{model} {label}: {m}"))
-        rows.append(case_row(case, {k: runs[k] for k in RUNTIMES if k in runs}, new_tokens))
+        calls = case_calls(case, exe, json_out, torch)
+        peaks: dict[str, list[int]] = {name: [] for name in calls}
+        runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
+                                rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
+        row = case_row(case, {k: runs[k] for k in RUNTIMES if k in runs}, new_tokens)
+        for name, values in peaks.items():
+            row[name]["peak_rss_mb"] = spread([mb(v) for v in values])
+        rows.append(row)
     return rows, kinds
 
 
@@ -219,6 +305,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     model = prep.target.model
     check_options(model, rounds, new_tokens)
     exe = find_executable(prep.port.cpp_executable)
+    released = release_reference(prep.loaded)
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)
     try:
@@ -232,6 +319,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             "preset": prep.target.preset, "layers": prep.target.layers, "threads": threads, "rounds": rounds,
             "new_tokens": None if kinds == {"image"} else new_tokens, "rows": rows,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+            "reference_released": released,
             "passed": all(r.get("ids_cpp_equal_python", True) for r in rows)}
 
 
@@ -245,6 +333,14 @@ def _pct(s: Mapping[str, float]) -> str:
 
 def _ratio(r: Mapping[str, Any] | None) -> str:
     return "-" if r is None else f"{r['median']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+
+def peak_rss_line(row: Mapping[str, Any]) -> str:
+    """``case: C++ X GB, Python Y GB[, torch Z GB]`` from a row's ``peak_rss_mb`` records."""
+    parts = [f"{label} {row[name]['peak_rss_mb']['median'] / 1024:.2f} GB"
+             for name, label in (("cpp", "C++"), ("python", "Python ncnn"), ("torch", "torch"))
+             if "peak_rss_mb" in row.get(name, {})]
+    return f"{row['case']}: " + ", ".join(parts)
 
 
 def markdown(report: Mapping[str, Any], heading: str) -> str:
@@ -272,6 +368,8 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
                          f"{_ratio(r.get('python_over_cpp'))} | {_ratio(r.get('torch_over_cpp'))} | "
                          f"{_pct(r['cpp']['overhead'])} {verdict} | {'yes' if r['ids_cpp_equal_python'] else 'NO'} |")
     lb, la = report["load_average"]["before"], report["load_average"]["after"]
+    lines += ["", "Peak RSS, median over rounds (the C++ executable's own; the bench process's over its "
+              "Python / torch call): " + "; ".join(peak_rss_line(r) for r in report["rows"]) + "."]
     lines += ["", f"Medians over {report['rounds']} interleaved rounds (min-max); ratios: median of per-round ratios "
               f"[order-statistic interval]. Load average (1 min) {lb[0]:.1f} before, {la[0]:.1f} after."]
     return "\n".join(lines)

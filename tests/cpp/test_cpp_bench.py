@@ -22,9 +22,11 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pytest
+import torch
 
 from ncnnport.drivers import cpp_bench
 from ncnnport.drivers.cpp_bench import DecodeRun, ImageRun
+from ncnnport.lazy_weights import Init, LazyModel, SeededSource, empty_module, materialize, parameter_shapes
 from ncnnport.registry import KNOWN_MODELS, CppBenchCase, E2EContext, LoadedModel, ModelPort
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,15 +91,46 @@ def test_cpp_result_without_timing_is_one_line():
         cpp_bench.cpp_decode_run({"chunks": [{"token_ids": [1], "prompt_tokens": 3, "stopped_by_eos": False}]}, "x")
 
 
-def _bench(model: str, sizes, tmp_path, monkeypatch, built_cpp, new_tokens=6):
+def _prepared(model: str, tmp_path, monkeypatch, built_cpp):
+    """The tiny target prepared and converted into ``tmp_path``, the executable's folder set."""
     from ncnnport.stages import convert_stage, prepare
     from ncnnport.targets import Target
 
     exe = built_cpp(BUILD / f"ncnnport-{model}", "NCNNPORT_CPP_BUILD")
     monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(exe.parent))
     prep = prepare(Target(model, "tiny", None, tmp_path / "build"))
-    package = convert_stage(prep)
+    return prep, convert_stage(prep)
+
+
+def _bench(model: str, sizes, tmp_path, monkeypatch, built_cpp, new_tokens=6):
+    prep, package = _prepared(model, tmp_path, monkeypatch, built_cpp)
     return cpp_bench.bench_target(prep, package, sizes, new_tokens, 2, 1, True, tmp_path / "reports")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("torch_runs", [False, True])
+def test_no_runtime_holds_its_weights_beside_another(torch_runs, tmp_path, monkeypatch, built_cpp):
+    """The reference that export's package cases built whole is dropped before the rounds; no
+    case builds it under --no-torch (the P=1000 row was OOM-killed holding it at real widths) and
+    each torch call drops it after its tokens; the Python loop's graphs are closed whenever
+    another runtime starts."""
+    from ncnnport.models.youtu_vl import cpp_bench as youtu_bench
+
+    prep, package = _prepared("youtu-vl", tmp_path, monkeypatch, built_cpp)
+    ref = prep.loaded.reference
+    assert ref.is_materialized  # the package's e2e cases ran the whole reference
+    benches: list[Any] = []
+    original = youtu_bench.YoutuVlBench
+    monkeypatch.setattr(youtu_bench, "YoutuVlBench", type("Recorded", (original,), {
+        "__init__": lambda self, ctx: (original.__init__(self, ctx), benches.append(self))[0]}))
+    seen: list[tuple[bool, list[str]]] = []
+    report = cpp_bench.run_bench(prep, package, [40], new_tokens=3, rounds=2, torch=torch_runs,
+                                 log=lambda _m: seen.append((ref.is_materialized, benches[0].modules.live)))
+    assert seen == [(False, [])] * (6 if torch_runs else 4)
+    assert report["reference_released"] and report["passed"]
+    (row,) = report["rows"]
+    assert ("torch" in row) is torch_runs
+    assert all(row[name]["peak_rss_mb"]["min"] > 0 for name in cpp_bench.RUNTIMES if name in row)
 
 
 @pytest.mark.slow
@@ -213,6 +246,42 @@ def test_the_driver_runs_any_port_through_its_hook(fake_models, tmp_path):
     assert row["cpp"]["per_token_ms"]["median"] == pytest.approx(200 / 3)
     assert row["python_over_cpp"]["median"] == pytest.approx(1.5) and row["torch_ids_equal_cpp"] == [True, True]
     assert port.seen == [(tmp_path / "pkg", 1, [3, 4], 4)]
+
+
+class TinyLazy(LazyModel):
+    """A lazy reference of one Linear: ``full()`` builds it, ``release()`` drops it."""
+
+    def __init__(self) -> None:
+        skeleton = empty_module(lambda: torch.nn.Linear(4, 4))
+        super().__init__(skeleton, SeededSource(parameter_shapes(skeleton), lambda _n, _s: Init(0.0, 1.0)))
+
+    def _build_full(self) -> torch.nn.Module:
+        return materialize(self.skeleton, self.source, "")
+
+
+@pytest.mark.parametrize("torch_runs", [False, True])
+def test_the_driver_drops_a_built_reference_before_the_rounds(fake_models, tmp_path, torch_runs):
+    ref = TinyLazy()
+    ref.full()
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=fake_models["fake-bench"], loaded=types.SimpleNamespace(reference=ref))
+    seen: list[bool] = []
+    report = cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=2, torch=torch_runs,
+                                 log=lambda _m: seen.append(ref.is_materialized))
+    assert report["reference_released"] and seen == [False] * (6 if torch_runs else 4)
+    assert not cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=1, torch=torch_runs,
+                                   log=lambda _m: None)["reference_released"]  # nothing left to drop
+
+
+def test_every_runtime_row_has_its_peak_rss(fake_models, tmp_path):
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=fake_models["fake-bench"], loaded=None)
+    report = cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=2, log=lambda _m: None)
+    (row,) = report["rows"]
+    for name in cpp_bench.RUNTIMES:  # a Python interpreter (the stand-in executable) is > 5 MB
+        assert row[name]["peak_rss_mb"]["min"] > 5, (name, row[name])
+    table = cpp_bench.markdown({**report, "rows": [row]}, "machine: x")
+    assert re.search(r"P=3: C\+\+ \d+\.\d\d GB, Python ncnn \d+\.\d\d GB, torch \d+\.\d\d GB", table), table
 
 
 def test_the_driver_names_no_model():
