@@ -6,7 +6,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ncnnport.contract import ModuleSpec, ParamPatch, TensorSpec
+from ncnnport.contract import GraphVariant, ModuleSpec, ParamPatch, TensorSpec
 from ncnnport.export.weights import beyond_layers, weight_bytes
 from ncnnport.models.qwen3_asr import wrappers
 from ncnnport.models.qwen3_asr.names import layer_names  # noqa: F401 - re-exported
@@ -144,6 +144,7 @@ def module_specs(model) -> list[ModuleSpec]:
             axes={"past": DECODE_TRACE},
             make_inputs=lambda sizes, rng: decode_layer_inputs(d, sizes["past"], rng),
             parity_sizes=[{"past": 1}, {"past": 77}], weights=(f"{text}.layers.{i}",),
+            variants=[GPU_DECODE],
             notes="one token over the host's preallocated cache: past read in place, only the new "
                   "K/V rows returned; 2-D hidden -> InnerProduct"))
     out.append(ModuleSpec(
@@ -152,6 +153,13 @@ def module_specs(model) -> list[ModuleSpec]:
         weights=(f"{text}.norm", "lm_head"),
         notes="final RMSNorm + tied head on the last row only (2-D -> InnerProduct)"))
     return out
+
+
+# The decode layers' attention as Vulkan layers (Concat + SDPA instead of two MatMuls, which ncnn
+# runs on the CPU inside a Vulkan net with a host sync each): the graph a GPU-resident decode step
+# records, its K/V cache read in place on the device (runtime/cpp: ncnnport-qwen3-asr --vulkan).
+GPU_DECODE = GraphVariant("gpu", ("decode_attention_to_sdpa",),
+                          why="Vulkan decode: attention as Concat + SDPA, no CPU layer fed from the GPU")
 
 
 def module_weight_bytes(model) -> dict[str, int]:
