@@ -167,6 +167,31 @@ def test_e2e_case_on_vulkan_under_heap_checks(model, vulkan_build, package):
         assert "on Vulkan" in res.stdout and "0 failed" in res.stdout
 
 
+def _asr_ids(exe: Path, pkg: Path, tmp: Path, *flags: str) -> tuple[list[int], str]:
+    out = tmp / f"asr{len(list(tmp.iterdir()))}.json"
+    res = _run([str(exe), "--package", str(pkg), "--audio", str(pkg / "cases" / "speech_5s_english" / "input.wav"),
+                "--max-new-tokens", "140", "--json-out", str(out), *flags], env={"MALLOC_CHECK_": "3"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = json.loads(out.read_text())
+    return result["chunks"][0]["token_ids"], result["timing"]["kv_cache"]
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@needs_vulkan
+def test_qwen3_asr_decode_with_the_cache_on_the_gpu_reproduces_the_cpu_tokens(vulkan_build, package, tmp_path):
+    """--vulkan decodes over a device-resident cache through the decode layers' gpu variant (one
+    command per token, the cache never downloaded); 140 new tokens equal the CPU run's, as does
+    --host-kv (the host cache uploaded every call)."""
+    exe, pkg = vulkan_build / "ncnnport-qwen3-asr", package("qwen3-asr")
+    cpu, kind = _asr_ids(exe, pkg, tmp_path)
+    assert kind == "host" and len(cpu) == 140
+    assert _asr_ids(exe, pkg, tmp_path, "--vulkan") == (cpu, "gpu")
+    assert _asr_ids(exe, pkg, tmp_path, "--vulkan", "--host-kv") == (cpu, "host")
+    res = _run([str(exe), "--package", str(pkg), "--audio", "x.wav", "--host-kv"])
+    assert res.returncode == 2 and "--host-kv chooses the Vulkan decode's cache: it needs --vulkan" in res.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.gpu
 @needs_vulkan

@@ -125,15 +125,16 @@ ncnn::Option fp32_options(int threads, bool vulkan) {
     return opt;
 }
 
-Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options)
-    : name_(name), net_(std::make_unique<ncnn::Net>()) {
+Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,
+             const std::string& variant)
+    : name_(variant.empty() ? name : name + "." + variant), net_(std::make_unique<ncnn::Net>()) {
     const JsonFile spec = JsonFile::load(package / "specs" / (name + ".spec.json"));
     inputs_ = read_tensor_specs(spec, "inputs");
     outputs_ = read_tensor_specs(spec, "outputs");
-    const auto param = package / "ncnn" / (name + ".ncnn.param");
+    const auto param = package / "ncnn" / (name_ + ".ncnn.param");
     const auto weights = package / "ncnn" / (name + ".ncnn.bin");
     for (const auto& p : {param, weights})
-        if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name + ")");
+        if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name_ + ")");
     net_->opt = fp32_options(options.threads, options.vulkan);
 #if NCNN_VULKAN
     if (options.vulkan) {
@@ -168,22 +169,28 @@ void Graph::bind_input(const TensorSpec& t, const ncnn::Mat& m, std::map<std::st
                          + spec_text(t));
 }
 
+std::vector<int64_t> Graph::fit_output_shape(const TensorSpec& t, std::vector<int64_t> shape,
+                                             std::map<std::string, int64_t>& sizes) const {
+    // ncnn may add or drop unit axes (e.g. (1,1,S,V) after a Linear): only those are adjusted,
+    // as runtime/mats.from_mat does.
+    const std::vector<int64_t> got = shape;
+    shape.insert(shape.begin(), 1);
+    while (shape.size() > t.rank() && shape[1] == 1) shape.erase(shape.begin() + 1);
+    while (shape.size() < t.rank()) shape.insert(shape.begin() + 1, 1);
+    if (!bind_sizes(t, shape, sizes))
+        throw GraphError("graph " + name_ + ", output " + t.name + ": shape " + shape_text(got) + " does not fit spec "
+                         + spec_text(t));
+    return shape;
+}
+
 Tensor Graph::fetch_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
     const std::string what = "graph " + name_ + ", output " + t.name;
     if (m.empty()) throw GraphError(what + ": ncnn returned an empty Mat");
     if (m.elemsize != 4 || m.elempack != 1)
         throw GraphError(what + ": Mat of " + std::to_string(m.elemsize) + "-byte elements, pack "
                          + std::to_string(m.elempack));
-    // ncnn may add or drop unit axes (e.g. (1,1,S,V) after a Linear): only those are adjusted,
-    // as runtime/mats.from_mat does.
-    std::vector<int64_t> shape = mat_shape(m);
-    shape.insert(shape.begin(), 1);
-    while (shape.size() > t.rank() && shape[1] == 1) shape.erase(shape.begin() + 1);
-    while (shape.size() < t.rank()) shape.insert(shape.begin() + 1, 1);
-    if (!bind_sizes(t, shape, sizes))
-        throw GraphError(what + ": shape " + shape_text(mat_shape(m)) + " does not fit spec " + spec_text(t));
     Tensor out;
-    out.shape = shape;
+    out.shape = fit_output_shape(t, mat_shape(m), sizes);
     const size_t per_channel = static_cast<size_t>(m.w) * m.h * m.d;
     out.data.resize(per_channel * m.c);
     for (int c = 0; c < m.c; ++c)
@@ -228,3 +235,95 @@ std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
 }
 
 }  // namespace ncnnport
+
+#if NCNN_VULKAN
+namespace ncnnport {
+
+std::vector<int64_t> vkmat_shape(const ncnn::VkMat& m) {
+    const int p = m.elempack;  // ncnn packs the outermost axis
+    switch (m.dims) {
+        case 1: return {static_cast<int64_t>(m.w) * p};
+        case 2: return {static_cast<int64_t>(m.h) * p, m.w};
+        case 3: return {static_cast<int64_t>(m.c) * p, m.h, m.w};
+        case 4: return {static_cast<int64_t>(m.c) * p, m.d, m.h, m.w};
+        default: return {};
+    }
+}
+
+const ncnn::VulkanDevice* Graph::vulkan_device() const {
+    if (!net_->opt.use_vulkan_compute) throw GraphError("graph " + name_ + ": opened without Vulkan");
+    return net_->vulkan_device();
+}
+
+GpuArena::GpuArena(const ncnn::VulkanDevice* vkdev)
+    : blob_(std::make_unique<ncnn::VkBlobAllocator>(vkdev)),
+      workspace_(std::make_unique<ncnn::VkBlobAllocator>(vkdev)),
+      staging_(std::make_unique<ncnn::VkStagingAllocator>(vkdev)),
+      opt_(fp32_options(1, true)) {
+    opt_.blob_vkallocator = blob_.get();
+    opt_.workspace_vkallocator = workspace_.get();
+    opt_.staging_vkallocator = staging_.get();
+}
+
+GpuArena::~GpuArena() = default;
+
+std::vector<ncnn::VkMat> Graph::record(ncnn::VkCompute& cmd, const std::vector<GpuInput>& inputs, const GpuArena& arena) {
+    if (!net_->opt.use_vulkan_compute) throw GraphError("graph " + name_ + ": record() needs a graph opened with Vulkan");
+    if (inputs.size() != inputs_.size())
+        throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
+                         + std::to_string(inputs_.size()));
+    std::map<std::string, int64_t> sizes;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const auto& in = inputs[i];
+        if (in.gpu.empty()) {
+            bind_input(inputs_[i], in.host, sizes);
+            continue;
+        }
+        const TensorSpec& t = inputs_[i];
+        if (!in.host.empty()) throw GraphError("graph " + name_ + ", input " + t.name + ": both a host and a GPU blob");
+        if (in.gpu.elemsize != 4u * in.gpu.elempack)
+            throw GraphError("graph " + name_ + ", input " + t.name + ": GPU blob of " + std::to_string(in.gpu.elemsize)
+                             + "-byte elements, pack " + std::to_string(in.gpu.elempack) + " (want float32)");
+        std::vector<int64_t> got = vkmat_shape(in.gpu);
+        got.insert(got.begin(), 1);
+        if (!bind_sizes(t, got, sizes))
+            throw GraphError("graph " + name_ + ", input " + t.name + ": GPU shape " + shape_text(got)
+                             + " does not fit spec " + spec_text(t));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    ncnn::Extractor ex = net_->create_extractor();
+    ex.set_blob_vkallocator(arena.options().blob_vkallocator);
+    ex.set_workspace_vkallocator(arena.options().workspace_vkallocator);
+    ex.set_staging_vkallocator(arena.options().staging_vkallocator);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const auto& in = inputs[i];
+        // a host view with a foreign channel step is cloned first (see compact() above)
+        const int rc = in.gpu.empty() ? ex.input(inputs_[i].name.c_str(), compact(in.host) ? in.host : in.host.clone())
+                                      : ex.input(inputs_[i].name.c_str(), in.gpu);
+        if (rc != 0) throw GraphError("graph " + name_ + ": input blob '" + inputs_[i].name + "' rejected");
+    }
+    std::vector<ncnn::VkMat> outs(outputs_.size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+        const int rc = ex.extract(outputs_[i].name.c_str(), outs[i], cmd);
+        if (rc != 0 || outs[i].empty())
+            throw GraphError("graph " + name_ + ": extract('" + outputs_[i].name + "') on the GPU returned "
+                             + std::to_string(rc));
+        if (outs[i].elemsize != 4u * outs[i].elempack)
+            throw GraphError("graph " + name_ + ", output " + outputs_[i].name + ": GPU blob is not float32");
+        fit_output_shape(outputs_[i], vkmat_shape(outs[i]), sizes);
+    }
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return outs;
+}
+
+Tensor Graph::host_output(size_t index, const ncnn::Mat& m) const {
+    std::map<std::string, int64_t> sizes;
+    if (m.elempack == 1) return fetch_output(outputs_.at(index), m, sizes);
+    // VkCompute::record_download keeps the device's packing; unpack as Extractor::extract does
+    ncnn::Mat unpacked;
+    ncnn::convert_packing(m, unpacked, 1, net_->opt);
+    return fetch_output(outputs_.at(index), unpacked, sizes);
+}
+
+}  // namespace ncnnport
+#endif

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <stdexcept>
 
 #include "ncnnport/greedy.h"
@@ -82,7 +83,7 @@ ModelInfo read_model_info(const std::filesystem::path& package) {
     return m;
 }
 
-Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& options)
+Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& options, bool kv_on_gpu)
     : package_(package),
       info_(read_model_info(package)),
       tokenizer_([&] {
@@ -104,6 +105,17 @@ Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& opt
         throw PackageError((package / "model.json").string() + ": field 'prompt.prefix_ids'/'prompt.suffix_ids' differ from "
                            + info_.tokenizer_file + "'s encoding of the prompt pieces");
     for (const auto& n : names) graphs_[n] = std::make_unique<ncnnport::Graph>(package, n, options);
+    // The GPU-resident decode records the decode layers' "gpu" variant (attention as Vulkan
+    // layers); a package converted before that variant existed decodes over the host cache.
+    kv_on_gpu_ = options.vulkan && kv_on_gpu
+                 && std::filesystem::is_regular_file(package / "ncnn" / "decode_layer0.gpu.ncnn.param");
+    if (options.vulkan && kv_on_gpu && !kv_on_gpu_)
+        std::cerr << "ncnnport-qwen3-asr: the package has no gpu decode variant (decode_layer0.gpu.ncnn.param): "
+                     "the KV cache stays on the host\n";
+    for (int i = 0; kv_on_gpu_ && i < info_.layers; ++i) {
+        const std::string n = "decode_layer" + std::to_string(i);
+        graphs_[n + ".gpu"] = std::make_unique<ncnnport::Graph>(package, n, options, "gpu");
+    }
     // rope.inv_freq: exponent = float32(2i) / d in float32, 1 / theta^exponent in float32 (powf)
     for (int i = 0; i < info_.head_dim; i += 2) {
         const float exponent = static_cast<float>(i) / static_cast<float>(info_.head_dim);
@@ -239,6 +251,18 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     const auto t_decode = std::chrono::steady_clock::now();
     double graph_before = 0.0;
     for (const auto& [name, g] : graphs_) graph_before += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
+#if NCNN_VULKAN
+    std::unique_ptr<ncnnport::GpuKvCache> on_gpu;
+    double wait_s = 0.0;
+    if (kv_on_gpu_ && max_new_tokens > 1) {
+        // the prompt's cache goes to the device once; from here it never returns to the host
+        const ncnn::VulkanDevice* vkdev = graph("decode_layer0").vulkan_device();
+        ncnn::VkCompute cmd(vkdev);
+        on_gpu = std::make_unique<ncnnport::GpuKvCache>(vkdev, cache, cmd);
+        if (!arena_) arena_ = std::make_unique<ncnnport::GpuArena>(vkdev);
+        if (cmd.submit_and_wait() != 0) throw GraphError("gpu kv cache: the prompt's upload failed on the device");
+    }
+#endif
     for (int step = 0; step < max_new_tokens; ++step) {
         const int token = static_cast<int>(ncnnport::greedy(row));
         gen.tokens.push_back(token);
@@ -247,26 +271,71 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
             break;
         }
         if (step == max_new_tokens - 1) break;
-        // decode_step at position cache.length: every decode layer reads the past in place
-        std::vector<float> tc, ts;
-        rope_tables(cache.length(), 1, tc, ts);
-        const ncnn::Mat tc_m = ncnnport::to_mat(Tensor{{1, 1, d}, tc}), ts_m = ncnnport::to_mat(Tensor{{1, 1, d}, ts});
-        Tensor x{{1, h}, embed_token(token)};
-        for (int i = 0; i < info_.layers; ++i) {
-            auto outs = graph("decode_layer" + std::to_string(i)).run(
-                {ncnnport::to_mat(x), tc_m, ts_m, cache.past_k(i), cache.past_v(i)});
-            cache.write(i, outs[1], outs[2]);
-            x = std::move(outs[0]);
-        }
-        cache.commit(1);
-        row = logits(x.data);
+#if NCNN_VULKAN
+        if (on_gpu) row = gpu_step(token, *on_gpu, wait_s);
+        else
+#endif
+            row = host_step(token, cache);
         ++gen.decode_steps;
     }
+#if NCNN_VULKAN
+    timing.decode_graph_s += wait_s;
+#endif
     gen.decode_s = seconds_since(t_decode);
     double graph_after = 0.0;
     for (const auto& [name, g] : graphs_) graph_after += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
     timing.decode_graph_s += graph_after - graph_before;
     return gen;
 }
+
+std::vector<float> Asr::host_step(int token, ncnnport::KvCache& cache) {
+    // decode_step at position cache.length: every decode layer reads the past in place
+    const int d = info_.head_dim;
+    std::vector<float> tc, ts;
+    rope_tables(cache.length(), 1, tc, ts);
+    const ncnn::Mat tc_m = ncnnport::to_mat(Tensor{{1, 1, d}, tc}), ts_m = ncnnport::to_mat(Tensor{{1, 1, d}, ts});
+    Tensor x{{1, info_.hidden}, embed_token(token)};
+    for (int i = 0; i < info_.layers; ++i) {
+        auto outs = graph("decode_layer" + std::to_string(i)).run(
+            {ncnnport::to_mat(x), tc_m, ts_m, cache.past_k(i), cache.past_v(i)});
+        cache.write(i, outs[1], outs[2]);
+        x = std::move(outs[0]);
+    }
+    cache.commit(1);
+    return logits(x.data);
+}
+
+#if NCNN_VULKAN
+std::vector<float> Asr::gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s) {
+    // the same step with every decode layer and the head recorded into one command: the hidden
+    // state and the K/V rows stay on the device, only the logits row comes back
+    using ncnnport::GpuInput;
+    const int d = info_.head_dim;
+    std::vector<float> tc, ts;
+    rope_tables(cache.length(), 1, tc, ts);
+    const ncnn::Mat tc_m = ncnnport::to_mat(Tensor{{1, 1, d}, tc}), ts_m = ncnnport::to_mat(Tensor{{1, 1, d}, ts});
+    const ncnn::Mat x0 = ncnnport::to_mat(Tensor{{1, info_.hidden}, embed_token(token)});
+    ncnnport::Graph& head = graph("lm_head");
+    ncnn::VkCompute cmd(head.vulkan_device());
+    GpuInput x = GpuInput::on_host(x0);
+    std::vector<ncnn::VkMat> hidden;  // each layer's output, alive until the command ran
+    for (int i = 0; i < info_.layers; ++i) {
+        auto outs = graph("decode_layer" + std::to_string(i) + ".gpu").record(
+            cmd, {x, GpuInput::on_host(tc_m), GpuInput::on_host(ts_m), GpuInput::on_gpu(cache.past_k(i)),
+                  GpuInput::on_gpu(cache.past_v(i))}, *arena_);
+        cache.record_append(cmd, i, outs[1], outs[2]);
+        hidden.push_back(outs[0]);
+        x = GpuInput::on_gpu(outs[0]);
+    }
+    const ncnn::VkMat logits_gpu = head.record(cmd, {x}, *arena_)[0];
+    ncnn::Mat logits_host;
+    cmd.record_download(logits_gpu, logits_host, arena_->options());
+    const auto t0 = std::chrono::steady_clock::now();
+    if (cmd.submit_and_wait() != 0) throw GraphError("decode step: the device command failed");
+    wait_s += seconds_since(t0);
+    cache.commit(1);
+    return head.host_output(0, logits_host).data;
+}
+#endif
 
 }  // namespace qwen3_asr

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "ncnnport/bpe_tokenizer.h"
+#include "ncnnport/gpu_kv_cache.h"
+#include "ncnnport/kv_cache.h"
 #include "ncnnport/logmel.h"
 #include "ncnnport/model_json.h"
 #include "ncnnport/ncnn_graph.h"
@@ -46,12 +48,14 @@ struct Generation {
 
 // Timing of graph work inside the decode steps (embed + decode layers + head), for the overhead number.
 struct Timing {
-    double decode_graph_s = 0.0;
+    double decode_graph_s = 0.0;  // on the GPU path: recording + waiting for the device
 };
 
 class Asr {
 public:
-    Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& options);
+    // kv_on_gpu (Vulkan only): decode with the cache on the device (gpu_kv_cache.h), every decode
+    // layer and the head recorded into one command per token; false keeps the host cache.
+    Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& options, bool kv_on_gpu = true);
 
     // Audio embeddings [N, audio_out] (row-major) of one chunk's features.
     std::vector<float> encode(const ncnnport::LogMel& mel, int& rows);
@@ -62,18 +66,28 @@ public:
                         int max_new_tokens, Timing& timing);
     std::string decode_text(const std::vector<int>& tokens) const { return tokenizer_.decode(tokens, true); }
     const ModelInfo& info() const { return info_; }
+    bool kv_on_gpu() const { return kv_on_gpu_; }
 
 private:
     ncnnport::Graph& graph(const std::string& name);
     std::vector<float> logits(const std::vector<float>& hidden);
     std::vector<float> embed_token(int token);
     void rope_tables(int start, int length, std::vector<float>& cos, std::vector<float>& sin) const;
+    // One decode step at position cache.length() for `token`: the next logits row.
+    std::vector<float> host_step(int token, ncnnport::KvCache& cache);
+#if NCNN_VULKAN
+    std::vector<float> gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s);
+#endif
 
     std::filesystem::path package_;
     ModelInfo info_;
     ncnnport::BpeTokenizer tokenizer_;
     std::map<std::string, std::unique_ptr<ncnnport::Graph>> graphs_;
     std::vector<float> inv_freq_;
+    bool kv_on_gpu_ = false;
+#if NCNN_VULKAN
+    std::unique_ptr<ncnnport::GpuArena> arena_;  // the recorded decode steps' device memory
+#endif
 };
 
 }  // namespace qwen3_asr

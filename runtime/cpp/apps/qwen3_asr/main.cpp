@@ -39,7 +39,7 @@ struct Args {
     int threads = 1;
     int max_new_tokens = -1;  // -1: model.json's generation.max_new_tokens
     double max_chunk_seconds = -1;
-    bool vulkan = false, check = true;
+    bool vulkan = false, check = true, host_kv = false;
     bool verify = false;  // the package's golden vectors instead of a transcription
 };
 
@@ -47,7 +47,7 @@ using ncnnport::int_arg;
 using ncnnport::UsageError;
 
 const char* kUsage =
-    "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]\n"
+    "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
     "                          [--mel-out FILE]\n"
     "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]\n";
@@ -56,7 +56,7 @@ const char* kUsage =
 void check_verify_args(const Args& a) {
     if (a.package.empty()) throw UsageError("--verify needs --package");
     if (!a.audio.empty() || !a.language.empty() || !a.json_out.empty() || !a.mel_out.empty() || a.max_new_tokens >= 0
-        || a.max_chunk_seconds > 0 || !a.check)
+        || a.max_chunk_seconds > 0 || !a.check || a.host_kv)
         throw UsageError("--verify takes only --package, --threads and --vulkan");
 }
 
@@ -82,12 +82,14 @@ Args parse_args(int argc, char** argv) {
             if (end == v.c_str() || *end != '\0' || !(a.max_chunk_seconds > 0))
                 throw UsageError("--max-chunk-seconds '" + v + "': expected a positive number");
         } else if (flag == "--vulkan") a.vulkan = true;
+        else if (flag == "--host-kv") a.host_kv = true;
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--verify") a.verify = true;
         else throw UsageError("unknown option " + flag);
     }
     if (a.verify) check_verify_args(a);
     else if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
+    if (a.host_kv && !a.vulkan) throw UsageError("--host-kv chooses the Vulkan decode's cache: it needs --vulkan");
 #if !NCNN_VULKAN
     if (a.vulkan) throw UsageError("--vulkan: this build's ncnn has no Vulkan backend (build with make cpp VULKAN=1)");
 #endif
@@ -119,7 +121,7 @@ int run(const Args& args) {
         throw ncnnport::AudioError(args.audio + ": audio too short (" + std::to_string(wave.size())
                                    + " samples at 16000 Hz; the official features need at least 201)");
 
-    qwen3_asr::Asr asr(args.package, ncnnport::GraphOptions{args.threads, args.vulkan});
+    qwen3_asr::Asr asr(args.package, ncnnport::GraphOptions{args.threads, args.vulkan}, !args.host_kv);
     const auto& info = asr.info();
     const int max_new = args.max_new_tokens >= 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const double max_chunk = args.max_chunk_seconds > 0 ? args.max_chunk_seconds : info.max_chunk_seconds;
@@ -154,7 +156,8 @@ int run(const Args& args) {
             {"text", joined.text}, {"chunks", chunks},
             {"timing", {{"load_s", load_s}, {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()},
                         {"decode_s", decode_s}, {"decode_steps", decode_steps},
-                        {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads}}}};
+                        {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
+                        {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
         std::ofstream f(args.json_out, std::ios::binary);
         f << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         if (!f) throw ncnnport::IoError(args.json_out + ": could not write");

@@ -34,6 +34,13 @@ public:
 
     int length() const { return length_; }
     int capacity() const { return capacity_; }
+    int layers() const { return static_cast<int>(k_.size()); }
+    int heads() const { return heads_; }
+    int head_dim() const { return head_dim_; }
+    // The whole buffers of `layer` ([heads, capacity, head_dim]; rows past length() unset), for
+    // copying the prompt's cache to the GPU (gpu_kv_cache.h).
+    const ncnn::Mat& full_k(int layer) const { return k_.at(layer); }
+    const ncnn::Mat& full_v(int layer) const { return v_.at(layer); }
 
 private:
     ncnn::Mat view(const ncnn::Mat& full) const;

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <net.h>  // ncnn
+#if NCNN_VULKAN
+#include <command.h>  // ncnn::VkCompute
+#endif
 
 #include <cstdint>
 #include <filesystem>
@@ -53,6 +56,38 @@ struct Tensor {
     int64_t dim(int i) const { return shape.at(i < 0 ? shape.size() + i : i); }
 };
 
+#if NCNN_VULKAN
+// One input of a recorded run (Graph::record): a host Mat, uploaded inside the command, or a
+// blob already on the GPU (an earlier graph's output, a GpuKvCache view), read in place.
+struct GpuInput {
+    ncnn::Mat host;
+    ncnn::VkMat gpu;
+    static GpuInput on_host(const ncnn::Mat& m) { return {m, ncnn::VkMat()}; }
+    static GpuInput on_gpu(const ncnn::VkMat& m) { return {ncnn::Mat(), m}; }
+};
+// Device memory for recorded runs: activations (blob and workspace allocators) and the staging
+// of host inputs and downloads. ncnn's Extractor only acquires allocators itself when it
+// extracts to the host; a run recorded into the caller's command takes these, and the memory of
+// outputs the caller keeps stays valid while they are referenced.
+class GpuArena {
+public:
+    explicit GpuArena(const ncnn::VulkanDevice* vkdev);
+    ~GpuArena();
+    GpuArena(const GpuArena&) = delete;
+    GpuArena& operator=(const GpuArena&) = delete;
+    // fp32 options (fp32_options) whose Vulkan allocators are this arena's.
+    const ncnn::Option& options() const { return opt_; }
+
+private:
+    std::unique_ptr<ncnn::VkBlobAllocator> blob_, workspace_;
+    std::unique_ptr<ncnn::VkStagingAllocator> staging_;
+    ncnn::Option opt_;
+};
+
+// Shape of a float32 VkMat as numpy sees it (packed axes unpacked), without batch axis.
+std::vector<int64_t> vkmat_shape(const ncnn::VkMat& m);
+#endif
+
 // Copy of a [1, ...] float32 tensor (rank 2..5) as an ncnn Mat without its batch axis.
 ncnn::Mat to_mat(const Tensor& t);
 // A [1, n] int32 id row as a 1-D ncnn Mat of int bits (ncnn reads int32 ids as raw 4-byte words).
@@ -64,7 +99,10 @@ class Graph {
 public:
     // Reads PACKAGE/specs/NAME.spec.json and loads PACKAGE/ncnn/NAME.ncnn.{param,bin}; throws
     // PackageError naming the file when one is missing, malformed or rejected by ncnn.
-    Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options);
+    // With `variant`: the graph variant PACKAGE/ncnn/NAME.VARIANT.ncnn.param over NAME's .bin and
+    // spec (ncnnport.contract.GraphVariant: same weights, rewritten layers); errors name NAME.VARIANT.
+    Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,
+          const std::string& variant = "");
     ~Graph();
     Graph(const Graph&) = delete;
     Graph& operator=(const Graph&) = delete;
@@ -74,6 +112,17 @@ public:
     // spec order, shapes fitted to the spec rank (unit axes only) and checked.
     std::vector<Tensor> run(const std::vector<ncnn::Mat>& inputs);
 
+#if NCNN_VULKAN
+    // Records this graph into `cmd` without submitting it: inputs checked against the spec as in
+    // run(), outputs returned as GPU blobs in spec order (rank and fixed sizes checked; their
+    // packing is ncnn's). Chaining graphs this way keeps activations and the KV cache on the
+    // device: nothing crosses to the host until the caller downloads and submits. Only for a
+    // graph opened with GraphOptions::vulkan.
+    std::vector<ncnn::VkMat> record(ncnn::VkCompute& cmd, const std::vector<GpuInput>& inputs, const GpuArena& arena);
+    // The downloaded Mat of output `index` (after the command ran) as a checked Tensor.
+    Tensor host_output(size_t index, const ncnn::Mat& m) const;
+    const ncnn::VulkanDevice* vulkan_device() const;
+#endif
     const std::string& name() const { return name_; }
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
@@ -83,6 +132,8 @@ public:
 private:
     void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
+    std::vector<int64_t> fit_output_shape(const TensorSpec& spec, std::vector<int64_t> shape,
+                                          std::map<std::string, int64_t>& sizes) const;
 
     std::string name_;
     std::vector<TensorSpec> inputs_;
