@@ -4,11 +4,19 @@ One synthetic HxW image (smooth gradients + seeded texture) restored end to end 
 (resize, VAE encode, DiT, Euler, VAE decode, colour fix), with noise drawn once for its latent
 shape and written as the executable's ``--noise``: the executable, the Python package loop's
 ``packaged.restore`` and the torch reference's ``restore`` on the same image and noise.
+
+The torch reference is materialised only when its first call runs, before that call's clock
+starts: at real widths it is GBs of weights that ``--no-torch`` must not build. The Python and
+torch calls also record, per round, the seconds of each pipeline stage under the executable's
+JSON names (``vae_encode``, ``dit``, ``vae_decode``) and the process's peak RSS during the call;
+both land in the row through the case's ``info`` (``stage_seconds``, ``peak_rss_mb``), which the
+driver merges after the rounds.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -16,6 +24,9 @@ import numpy as np
 from ncnnport.fsutil import read_json
 from ncnnport.models.bench_kit import BenchContext, ImageRun, ncnn_modules
 from ncnnport.registry import CppBenchCase
+
+STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def image(height: int, width: int, seed: int = 3) -> np.ndarray:
@@ -26,17 +37,91 @@ def image(height: int, width: int, seed: int = 3) -> np.ndarray:
     return np.clip(rgb, 0, 255).astype(np.uint8)[None]
 
 
+class StageTimer:
+    """A pipeline backend that forwards every call and adds up the seconds of each stage, named
+    as the executable's JSON ``seconds`` names them, so both runtimes' splits line up. Other
+    attributes (``host_dtype``) are the wrapped backend's."""
+
+    NAMES = {"encode": "vae_encode", "dit": "dit", "decode": "vae_decode"}
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.seconds: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def _timed(self, method: str, *args: Any) -> Any:
+        t = time.perf_counter()
+        out = getattr(self.backend, method)(*args)
+        key = self.NAMES[method]
+        self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t
+        return out
+
+    def encode(self, x: np.ndarray) -> Any:
+        return self._timed("encode", x)
+
+    def dit(self, cond: np.ndarray, txt: np.ndarray, t: float, stages: dict[str, np.ndarray]) -> np.ndarray:
+        return self._timed("dit", cond, txt, t, stages)
+
+    def decode(self, z: np.ndarray) -> np.ndarray:
+        return self._timed("decode", z)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (``VmHWM``; Linux ``clear_refs`` value 5),
+    so the next :func:`peak_rss_mb` covers one call; False where that is not possible."""
+    try:
+        CLEAR_REFS.write_text("5", encoding="ascii")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb(status: Path = STATUS) -> float | None:
+    """This process's peak RSS (``VmHWM``) in MB, None where /proc does not give it."""
+    try:
+        for line in status.read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def measured(runtime: str, info: dict[str, Any], backend: Any, restore: Callable[[Any], Any]) -> ImageRun:
+    """One timed ``restore(StageTimer(backend))`` as an ImageRun; its stage seconds and the peak
+    RSS during it (None when the mark could not be reset) appended to ``info`` under
+    ``runtime``."""
+    timer = StageTimer(backend)
+    reset = reset_peak_rss()
+    t = time.perf_counter()
+    frames = restore(timer).frames
+    seconds = time.perf_counter() - t
+    info.setdefault("stage_seconds", {}).setdefault(runtime, []).append(dict(timer.seconds))
+    info.setdefault("peak_rss_mb", {}).setdefault(runtime, []).append(peak_rss_mb() if reset else None)
+    return ImageRun(runtime, seconds, frames)
+
+
 class SeedVR2Bench:
     """The opened package and its graph backend (once for every size) and one
-    :class:`CppBenchCase` per image side."""
+    :class:`CppBenchCase` per image side. ``torch_backend`` is a factory, called once, when the
+    first torch call runs."""
 
-    def __init__(self, ctx: BenchContext, torch_backend: Any, graph_backend_for: Callable[..., Any]) -> None:
+    def __init__(self, ctx: BenchContext, torch_backend: Callable[[], Any], graph_backend_for: Callable[..., Any]) -> None:
         from ncnnport.models.seedvr2 import packaged
 
         self.ctx = ctx
-        self.torch_backend = torch_backend
+        self.make_torch_backend = torch_backend
+        self._torch_backend: Any = None
         self.rt = packaged.open_packaged(ctx.package, read_json(ctx.package / "model.json"))
         self.backend, _ = graph_backend_for(self.rt.cfg, ncnn_modules(ctx), trig=self.rt.trig)
+
+    def torch_backend(self) -> Any:
+        """The torch reference's backend, materialised on first use."""
+        if self._torch_backend is None:
+            self._torch_backend = self.make_torch_backend()
+        return self._torch_backend
 
     def case(self, size: int) -> CppBenchCase:
         """The image, its noise file and every runtime's call on them."""
@@ -55,32 +140,35 @@ class SeedVR2Bench:
         out_dir = self.ctx.workdir / f"frames_{size}"
         argv = [*executable_argv(self.ctx.package, png, noise_file, area, out_dir), "--threads", str(self.ctx.threads),
                 "--no-check"]
+        info: dict[str, Any] = {"area": area, "noise_sha256": noise.record().get("sha256")}
 
         def python() -> ImageRun:
-            t = time.perf_counter()
-            res = packaged.restore(self.rt, self.backend, video, noise, area)
-            return ImageRun("python", time.perf_counter() - t, res.frames)
+            return measured("python", info, self.backend,
+                            lambda backend: packaged.restore(self.rt, backend, video, noise, area))
 
-        return CppBenchCase(f"{size}x{size}", "image", argv, python, self.torch_call(video, noise, area),
-                            {"area": area, "noise_sha256": noise.record().get("sha256")}, fresh_dir=out_dir)
+        return CppBenchCase(f"{size}x{size}", "image", argv, python, self.torch_call(video, noise, area, info),
+                            info, fresh_dir=out_dir)
 
-    def torch_call(self, video: np.ndarray, noise: Any, area: int) -> Callable[[], ImageRun]:
-        """The torch reference's ``restore`` on the same image and noise."""
+    def torch_call(self, video: np.ndarray, noise: Any, area: int, info: dict[str, Any]) -> Callable[[], ImageRun]:
+        """The torch reference's ``restore`` on the same image and noise (the reference built
+        before the clock starts)."""
         from ncnnport.models.seedvr2.pipeline import restore
 
         ref = self.ctx.loaded.reference
 
         def run() -> ImageRun:
-            t = time.perf_counter()
-            res = restore(ref.config, self.torch_backend, video, ref.text.numpy(), noise, area=area)
-            return ImageRun("torch", time.perf_counter() - t, res.frames)
+            backend = self.torch_backend()
+            return measured("torch", info, backend,
+                            lambda b: restore(ref.config, b, video, ref.text.numpy(), noise, area=area))
         return run
 
 
-def cases(ctx: BenchContext, sizes: Sequence[int], torch_backend: Any,
+def cases(ctx: BenchContext, sizes: Sequence[int], torch_backend: Callable[[], Any],
           graph_backend_for: Callable[..., Any]) -> Iterator[CppBenchCase]:
-    """One case per square image side, the package opened once. ``graph_backend_for`` (the port's;
-    passed in, as to ``cpp_cases.cases``, since the port imports this file) builds the ncnn backend."""
+    """One case per square image side, the package opened once. ``torch_backend`` builds the
+    torch reference's backend (called only if a torch call runs); ``graph_backend_for`` (the
+    port's; passed in, as to ``cpp_cases.cases``, since the port imports this file) builds the
+    ncnn backend."""
     bench = SeedVR2Bench(ctx, torch_backend, graph_backend_for)
     for size in sizes:
         yield bench.case(int(size))

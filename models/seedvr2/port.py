@@ -557,7 +557,7 @@ class SeedVR2Port(KitPort):
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:
         """``bench-cpp``'s workloads (models/seedvr2/cpp_bench.py, new_tokens unused)."""
         from ncnnport.models.seedvr2 import cpp_bench
-        return cpp_bench.cases(ctx, sizes, self.torch_backend(ctx.loaded), graph_backend_for)
+        return cpp_bench.cases(ctx, sizes, lambda: self.torch_backend(ctx.loaded), graph_backend_for)
 
     # --- the package alone (torch-free: packaged.py) -------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:
