@@ -62,9 +62,17 @@ class Target:
         return base + (f" layers:{self.layers}" if self.layers is not None else "")
 
 
+def bench_only(path: Path) -> bool:
+    """A model folder's measurement module (``bench.py``, ``cpp_bench.py``, ``vision_bench.py``,
+    ``tile_measure.py``: names holding ``bench`` or ending in ``_measure``): imported only by the
+    bench verbs, never by export or convert, so it stays out of the build key. Editing one used to
+    re-export and re-convert a real-width package (27 min for SeedVR2 real-L4 here)."""
+    return path.suffix == ".py" and ("bench" in path.stem or path.stem.endswith("_measure"))
+
+
 def _code_files(model: str) -> list[tuple[str, Path]]:
-    """(label, file) of every source file the build key covers: the model folder and the generic
-    export/convert code, in a stable order."""
+    """(label, file) of every source file the build key covers: the model folder (less its
+    measurement modules, ``bench_only``) and the generic export/convert code, in a stable order."""
     folders = [Path(importlib.import_module(KNOWN_MODELS[model].rsplit(".", 1)[0]).__file__).parent]
     for pkg in GENERIC_STAGE_PACKAGES:
         mod = importlib.import_module(pkg)
@@ -74,7 +82,8 @@ def _code_files(model: str) -> list[tuple[str, Path]]:
     for f in folders:
         if f.is_dir():
             out += [(p.relative_to(f).as_posix(), p) for p in sorted(f.rglob("*"))
-                    if p.is_file() and p.suffix in (".py", ".json", ".txt", ".jinja") and "__pycache__" not in p.parts]
+                    if p.is_file() and p.suffix in (".py", ".json", ".txt", ".jinja") and "__pycache__" not in p.parts
+                    and not bench_only(p)]
         else:
             out.append(("", f))
     return out
