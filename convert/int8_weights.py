@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ncnnport.contract import variant_param_name
 from ncnnport.package.param_file import ParamError, ParamGraph, ParamLayer, read_param
 
 BLOCK_CODES = {32: 0, 64: 1, 128: 2}
@@ -222,9 +223,12 @@ def _replacement(layer: ParamLayer, dims: int, block: int) -> list[ParamLayer]:
 
 
 def rewrite_graph(param: Path, weights: Path, out_param: Path, out_bin: Path,
-                  input_dims: Mapping[str, int], block: int = DEFAULT_BLOCK) -> list[dict[str, Any]]:
+                  input_dims: Mapping[str, int], block: int = DEFAULT_BLOCK,
+                  variants: Sequence[tuple[Path, Path]] = ()) -> list[dict[str, Any]]:
     """Write ``out_param``/``out_bin`` with every InnerProduct named in ``input_dims`` (its input
-    blob's ncnn dims: 1 or 2) as an int8 weight-quantized Gemm; one receipt per layer."""
+    blob's ncnn dims: 1 or 2) as an int8 weight-quantized Gemm; one receipt per layer.
+    ``variants`` (source, destination) are param files sharing ``weights``: each gets the same
+    layer replacements, so it reads the new ``.bin`` (see :func:`shares_layout`)."""
     if block not in BLOCK_CODES:
         raise ValueError(f"int8 block size {block}: ncnn supports {', '.join(map(str, BLOCK_CODES))}")
     graph = read_param(param)
@@ -254,7 +258,27 @@ def rewrite_graph(param: Path, weights: Path, out_param: Path, out_bin: Path,
     added = len(layers) - len(graph.layers)
     ParamGraph(Path(out_param), layers, graph.blob_count + added).write(Path(out_param))
     Path(out_bin).write_bytes(b"".join(chunks))
+    rewritten = {r["layer"]: input_dims[r["layer"]] for r in receipts}
+    for src, dst in variants:
+        variant = read_param(src)
+        out = [m for layer in variant.layers
+               for m in (_replacement(layer, rewritten[layer.name], block) if layer.name in rewritten else [layer])]
+        ParamGraph(Path(dst), out, variant.blob_count + len(out) - len(variant.layers)).write(Path(dst))
     return receipts
+
+
+def shares_layout(base: Path, variant: Path, weights: Path) -> bool:
+    """Whether a variant param reads ``weights`` exactly as its base graph does: the same layers
+    (name, type, parameters) load the same bytes in the same order. Then the int8 rewrite of the
+    base's layers applies to the variant unchanged (a variant that only rewired weightless layers,
+    e.g. ``decode_attention_to_sdpa``); a variant that changed a weighted layer's type (Youtu-VL's
+    Gemm -> InnerProduct decode graphs) does not share it."""
+    data = Path(weights).read_bytes()
+    a, b = read_param(base), read_param(variant)
+    loads_a, loads_b = walk_bin(a, data, str(weights)), walk_bin(b, data, str(weights))
+    key = lambda g, loads: [(layer.name, layer.type, tuple(layer.params), [(x.offset, x.nbytes) for x in loads[layer.name]])
+                            for layer in g.layers if loads[layer.name]]
+    return key(a, loads_a) == key(b, loads_b)
 
 
 def probe_input_dims(param: Path, weights: Path, spec: Mapping[str, Any],
@@ -298,8 +322,10 @@ def probe_input_dims(param: Path, weights: Path, spec: Mapping[str, Any],
 def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, list[dict[str, Any]]]:
     """Write ``out`` (a new folder): a copy of the fp32 package ``src`` with every graph's
     matrix-vector InnerProducts in int8 (:func:`rewrite_graph`), the manifest re-hashed and the
-    rewrite's receipts added to its commands. Graphs with variants (param files sharing their
-    ``.bin``) are copied unchanged: a new ``.bin`` layout would break the variants."""
+    rewrite's receipts added to its commands. A graph with variants (param files sharing its
+    ``.bin``) is rewritten with them when every variant reads the ``.bin`` as the base does
+    (:func:`shares_layout`); otherwise it is copied unchanged (a new ``.bin`` layout would break
+    the variants)."""
     from ncnnport.fsutil import read_json
     from ncnnport.package.golden import golden_path, read_golden
     from ncnnport.package.manifest import write_manifest
@@ -312,12 +338,14 @@ def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, 
     for name in manifest.get("modules", []):
         param, weights = src / "ncnn" / f"{name}.ncnn.param", src / "ncnn" / f"{name}.ncnn.bin"
         spec = read_json(src / "specs" / f"{name}.spec.json")
-        if spec.get("variants"):
+        variants = [variant_param_name(name, v["name"]) for v in spec.get("variants", [])]
+        if not all(shares_layout(param, src / "ncnn" / v, weights) for v in variants):
             continue
         dims = probe_input_dims(param, weights, spec, read_golden(golden_path(src, name)))
         if dims:
             receipts[name] = rewrite_graph(param, weights, out / "ncnn" / param.name,
-                                           out / "ncnn" / weights.name, dims, block)
+                                           out / "ncnn" / weights.name, dims, block,
+                                           [(src / "ncnn" / v, out / "ncnn" / v) for v in variants])
     commands = list(manifest.get("pnnx_commands", [])) + [{"int8_weights": receipts}]
     write_manifest(out, model=manifest["model"], source=manifest["source"],
                    config_hash=manifest["config_sha256"], build_key=manifest["build_key"],

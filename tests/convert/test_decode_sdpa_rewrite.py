@@ -18,17 +18,17 @@ OUTPUTS = ("h_out", "k", "v")
 
 
 def _run(param, weights, inputs, vulkan: bool) -> list[np.ndarray]:
-    import ncnn
+    """The graph ``param`` over ``weights`` through the project's runner (fp32 options; ncnn's
+    Python Mat from numpy is not safe to feed directly: runtime/mats.py)."""
+    from ncnnport.fsutil import read_json
+    from ncnnport.runtime.options import RuntimeOptions
+    from ncnnport.runtime.session import NcnnModule
 
-    net = ncnn.Net()
-    net.opt.use_vulkan_compute = vulkan
-    for flag in ("use_fp16_storage", "use_fp16_packed", "use_fp16_arithmetic", "use_bf16_storage"):
-        setattr(net.opt, flag, False)
-    assert net.load_param(str(param)) == 0 and net.load_model(str(weights)) == 0
-    ex = net.create_extractor()
-    for name, value in inputs.items():
-        ex.input(name, ncnn.Mat(np.ascontiguousarray(value)).clone())
-    return [np.array(ex.extract(o)[1]) for o in OUTPUTS]
+    spec = read_json(weights.parent.parent / "specs" / "decode_layer0.spec.json")
+    module = NcnnModule(param, weights, spec, RuntimeOptions(num_threads=1, use_vulkan=vulkan))
+    names = [t["name"] for t in spec["inputs"]]
+    batched = [np.ascontiguousarray(inputs[n][None], dtype=np.float32) for n in names]
+    return [np.asarray(o) for o in module.run(batched)]
 
 
 @pytest.fixture(scope="module")

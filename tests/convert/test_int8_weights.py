@@ -137,3 +137,36 @@ def test_probe_keeps_matrix_vector_layers_only(tmp_path):
     assert probe_input_dims(param, weights, spec, [one_row]) == {"fc1": 1, "fc2": 1}
     rows = SimpleNamespace(inputs=[np.ones((1, 3, K), np.float32)])  # 3 rows: compute-bound, kept fp32
     assert probe_input_dims(param, weights, spec, [one_row, rows]) == {}
+
+
+def test_variants_that_share_the_bin_layout_are_rewritten_with_their_graph(tmp_path):
+    """Qwen3-ASR's decode layers carry a 'gpu' variant (attention rewired, weighted layers as in
+    the base): the int8 package rewrites both, so both read the new .bin and compute the same
+    numbers. Youtu-VL's decode variants change weighted layers' types (Gemm -> InnerProduct): they
+    do not share the layout, and those graphs stay fp32."""
+    from ncnnport.convert.int8_weights import int8_package, shares_layout
+    from tests.cpp.packages import tiny_package
+
+    src = tiny_package("qwen3-asr")
+    out = tmp_path / "package-int8w"
+    receipts = int8_package(src, out)
+    assert "decode_layer0" in receipts
+    for graph in ("decode_layer0", "decode_layer0.gpu"):
+        types = read_param(out / "ncnn" / f"{graph}.ncnn.param").layer_types()
+        assert "InnerProduct" not in types and "Gemm" in types, graph
+    from ncnnport.fsutil import read_json
+    from ncnnport.runtime.session import NcnnModule
+
+    spec = read_json(out / "specs" / "decode_layer0.spec.json")
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in
+              ((1, 96), (1, 1, 24), (1, 1, 24), (1, 2, 6, 24), (1, 2, 6, 24))]
+    base = NcnnModule(out / "ncnn" / "decode_layer0.ncnn.param", out / "ncnn" / "decode_layer0.ncnn.bin", spec,
+                      RuntimeOptions(num_threads=1))
+    outs = [base.run(inputs)[0], base.variant("gpu").run(inputs)[0]]
+    assert np.abs(outs[0] - outs[1]).max() <= 1e-5 * np.abs(outs[0]).max()
+    fp32 = NcnnModule(src / "ncnn" / "decode_layer0.ncnn.param", src / "ncnn" / "decode_layer0.ncnn.bin", spec,
+                      RuntimeOptions(num_threads=1)).run(inputs)[0]
+    assert np.abs(outs[0] - fp32).max() > 1e-4 * np.abs(fp32).max()  # the int8 weights really ran
+    yv = tiny_package("youtu-vl") / "ncnn"
+    assert not shares_layout(yv / "llm_layer0.ncnn.param", yv / "llm_layer0.decode.ncnn.param", yv / "llm_layer0.ncnn.bin")
