@@ -36,22 +36,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ncnnport.contract import variant_param_name
-from ncnnport.package.param_file import ParamError, ParamGraph, ParamLayer, read_param
+from ncnnport.package.param_file import WEIGHTLESS_TYPES, ParamError, ParamGraph, ParamLayer, read_param
 
 BLOCK_CODES = {32: 0, 64: 1, 128: 2}
 DEFAULT_BLOCK = 128
 TAG_FP32 = 0x00000000
 TAG_FP16 = 0x01306B47
 TAG_INT8 = 0x000D4B38
-
-# layer types the .bin walk knows to read nothing (an unknown type is an error naming it: a guess
-# would shift every later offset)
-WEIGHTLESS = frozenset({
-    "Input", "Split", "BinaryOp", "UnaryOp", "Reshape", "Permute", "ExpandDims", "Squeeze",
-    "Flatten", "Concat", "Slice", "Crop", "Reduction", "MatMul", "SDPA", "RotaryEmbed", "Softmax",
-    "Swish", "GELU", "Sigmoid", "ReLU", "Clip", "TanH", "Noop", "Dropout", "Eltwise", "Mish",
-})
-
 
 @dataclass(frozen=True)
 class Blob:
@@ -104,7 +95,7 @@ def _int(layer: ParamLayer, key: str, default: int = 0) -> int:
 def _walk_layer(layer: ParamLayer, cur: _BinCursor) -> list[Blob]:
     """The loads ``layer.load_model`` makes, in order (ncnn 1.0.20261020)."""
     t = layer.type
-    if t in WEIGHTLESS:
+    if t in WEIGHTLESS_TYPES:
         return []
     if t == "InnerProduct":
         blobs = [cur.flagged(_int(layer, "2"))]

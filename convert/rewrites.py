@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ncnnport.package.param_file import ParamError, ParamGraph, ParamLayer
+from ncnnport.package.param_file import WEIGHTLESS_TYPES, ParamError, ParamGraph, ParamLayer
 
 # Gemm params (ncnn): 0 alpha, 1 beta, 2 transA, 3 transB, 4 constantA, 5 constantB, 6 constantC,
 # 7 constantM, 8 constantN, 9 constantK, 10 constant_broadcast_type_C, 11 output_N1M,
@@ -74,11 +74,6 @@ def gemm_to_innerproduct(graph: ParamGraph, *, module: str) -> list[dict]:
     return changed
 
 
-# layers that read weights from the .bin: the attention region never crosses one
-_WEIGHTED = {"InnerProduct", "Gemm", "Convolution", "Convolution1D", "ConvolutionDepthWise", "Deconvolution",
-             "Embed", "MemoryData", "RMSNorm", "LayerNorm", "GroupNorm", "BatchNorm", "Scale"}
-
-
 def _producers(graph: ParamGraph) -> dict[str, ParamLayer]:
     return {b: layer for layer in graph.layers for b in layer.outputs}
 
@@ -129,7 +124,8 @@ def decode_attention_to_sdpa(graph: ParamGraph, *, module: str) -> list[dict]:
     graph input (transB: K, else V); the current rows are the non-terminal outputs of the two
     Splits that also emit a graph output (the new K/V rows the caller stores); the current K row is
     the one whose influence reaches the V MatMul (it enters the softmax). The region replaced is
-    everything downstream of the query, the rows and the past up to the first weighted layer; its
+    everything downstream of the query, the rows and the past up to the first layer outside
+    ``WEIGHTLESS_TYPES`` (one that reads weights, or one not known not to); its
     one blob read outside must come from a Reshape, whose shape the SDPA output takes.
     """
     producers, consumers = _producers(graph), _consumers(graph)
@@ -151,7 +147,7 @@ def decode_attention_to_sdpa(graph: ParamGraph, *, module: str) -> list[dict]:
     todo = list(seeds)
     while todo:
         for layer in consumers.get(todo.pop(), []):
-            if id(layer) in ids or layer.type in _WEIGHTED:
+            if id(layer) in ids or layer.type not in WEIGHTLESS_TYPES:
                 continue
             ids.add(id(layer))
             region.append(layer)

@@ -11,6 +11,16 @@ from pathlib import Path
 
 PARAM_MAGIC = "7767517"
 
+# ncnn layer types whose load_model reads nothing from the .bin (ncnn 1.0.20261020). The int8
+# rewrite's .bin walk skips exactly these and fails on any other type it does not know (a guess
+# would shift every later offset); graph rewrites that must not touch weights stop at any type
+# outside this set.
+WEIGHTLESS_TYPES = frozenset({
+    "Input", "Split", "BinaryOp", "UnaryOp", "Reshape", "Permute", "ExpandDims", "Squeeze",
+    "Flatten", "Concat", "Slice", "Crop", "Reduction", "MatMul", "SDPA", "RotaryEmbed", "Softmax",
+    "Swish", "GELU", "Sigmoid", "ReLU", "Clip", "TanH", "Noop", "Dropout", "Eltwise", "Mish",
+})
+
 
 class ParamError(ValueError):
     """A param file is malformed or holds layers ncnn cannot run."""

@@ -8,15 +8,13 @@ shape and written as the executable's ``--noise``: the executable, the Python pa
 The torch reference is materialised only when its first call runs, before that call's clock
 starts: at real widths it is GBs of weights that ``--no-torch`` must not build. The Python and
 torch calls also record, per round, the seconds of each pipeline stage under the executable's
-JSON names (``vae_encode``, ``dit``, ``vae_decode``) and the process's peak RSS during the call;
-both land in the row through the case's ``info`` (``stage_seconds``, ``peak_rss_mb``), which the
-driver merges after the rounds.
+JSON names (``vae_encode``, ``dit``, ``vae_decode``), which land in the row through the case's
+``info`` (``stage_seconds``); every runtime's peak RSS is the driver's (``with_peak_rss``).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,10 +22,6 @@ import numpy as np
 from ncnnport.fsutil import read_json
 from ncnnport.models.bench_kit import BenchContext, ImageRun, ncnn_modules
 from ncnnport.registry import CppBenchCase
-
-STATUS = Path("/proc/self/status")
-CLEAR_REFS = Path("/proc/self/clear_refs")
-
 
 def image(height: int, width: int, seed: int = 3) -> np.ndarray:
     """uint8 (1, H, W, 3): gradients plus seeded texture (deterministic, not constant)."""
@@ -68,38 +62,14 @@ class StageTimer:
         return self._timed("decode", z)
 
 
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark of this process (``VmHWM``; Linux ``clear_refs`` value 5),
-    so the next :func:`peak_rss_mb` covers one call; False where that is not possible."""
-    try:
-        CLEAR_REFS.write_text("5", encoding="ascii")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb(status: Path = STATUS) -> float | None:
-    """This process's peak RSS (``VmHWM``) in MB, None where /proc does not give it."""
-    try:
-        for line in status.read_text(encoding="ascii").splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def measured(runtime: str, info: dict[str, Any], backend: Any, restore: Callable[[Any], Any]) -> ImageRun:
-    """One timed ``restore(StageTimer(backend))`` as an ImageRun; its stage seconds and the peak
-    RSS during it (None when the mark could not be reset) appended to ``info`` under
-    ``runtime``."""
+    """One timed ``restore(StageTimer(backend))`` as an ImageRun; its stage seconds appended to
+    ``info`` under ``runtime``."""
     timer = StageTimer(backend)
-    reset = reset_peak_rss()
     t = time.perf_counter()
     frames = restore(timer).frames
     seconds = time.perf_counter() - t
     info.setdefault("stage_seconds", {}).setdefault(runtime, []).append(dict(timer.seconds))
-    info.setdefault("peak_rss_mb", {}).setdefault(runtime, []).append(peak_rss_mb() if reset else None)
     return ImageRun(runtime, seconds, frames)
 
 

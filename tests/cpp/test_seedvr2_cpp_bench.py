@@ -98,7 +98,7 @@ def test_stage_names_are_the_executables_json_names():
     assert set(cpp_bench.StageTimer.NAMES.values()) <= cpp_names
 
 
-def test_measured_records_stages_and_peak_rss_per_runtime():
+def test_measured_records_stages_per_runtime():
     info: dict[str, Any] = {}
 
     def restore(backend):
@@ -109,14 +109,3 @@ def test_measured_records_stages_and_peak_rss_per_runtime():
         run = cpp_bench.measured("python", info, FakeBackend(), restore)
         assert isinstance(run, ImageRun) and run.runtime == "python" and run.seconds >= 0
     assert [set(s) for s in info["stage_seconds"]["python"]] == [{"vae_encode"}] * 2
-    rss = info["peak_rss_mb"]["python"]
-    assert len(rss) == 2 and all(r is None or r > 1 for r in rss)
-
-
-def test_peak_rss_reads_vmhwm(tmp_path):
-    status = tmp_path / "status"
-    status.write_text("Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t 1024 kB\n", encoding="ascii")
-    assert cpp_bench.peak_rss_mb(status) == pytest.approx(200.0)
-    status.write_text("Name:\tpython\n", encoding="ascii")
-    assert cpp_bench.peak_rss_mb(status) is None
-    assert cpp_bench.peak_rss_mb(tmp_path / "missing") is None

@@ -108,12 +108,8 @@ void GpuKvCache::record_append(ncnn::VkCompute& cmd, int layer, const ncnn::VkMa
 }
 
 void GpuKvCache::commit(int added) {
-    for (size_t i = 0; i < pending_.size(); ++i)
-        if (pending_[i] != added)
-            throw GraphError("gpu kv cache: layer " + std::to_string(i) + " appended " + std::to_string(pending_[i])
-                             + " rows, commit of " + std::to_string(added));
+    commit_pending(pending_, added, "gpu kv cache");
     length_ += added;
-    for (auto& p : pending_) p = 0;
     in_flight_.clear();
 }
 

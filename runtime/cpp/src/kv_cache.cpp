@@ -48,13 +48,17 @@ void KvCache::write(int layer, const Tensor& k, const Tensor& v) {
     if (v.shape[2] != k.shape[2]) throw GraphError("kv cache layer " + std::to_string(layer) + ": k and v rows differ");
 }
 
-void KvCache::commit(int added) {
-    for (size_t i = 0; i < pending_.size(); ++i)
-        if (pending_[i] != added)
-            throw GraphError("kv cache: layer " + std::to_string(i) + " wrote " + std::to_string(pending_[i])
+void commit_pending(std::vector<int>& pending, int added, const std::string& what) {
+    for (size_t i = 0; i < pending.size(); ++i)
+        if (pending[i] != added)
+            throw GraphError(what + ": layer " + std::to_string(i) + " wrote " + std::to_string(pending[i])
                              + " rows, commit of " + std::to_string(added));
+    for (auto& p : pending) p = 0;
+}
+
+void KvCache::commit(int added) {
+    commit_pending(pending_, added, "kv cache");
     length_ += added;
-    for (auto& p : pending_) p = 0;
 }
 
 }  // namespace ncnnport

@@ -333,8 +333,15 @@ std::vector<float> Asr::gpu_step(int token, ncnnport::GpuKvCache& cache, double&
     const auto t0 = std::chrono::steady_clock::now();
     if (cmd.submit_and_wait() != 0) throw GraphError("decode step: the device command failed");
     wait_s += seconds_since(t0);
+    // The host cache refuses a non-finite K/V row as it is written; these rows never reach the
+    // host, so a NaN or Inf from the device graphs is caught where it lands: the logits.
+    std::vector<float> row = head.host_output(0, logits_host).data;
+    for (float v : row)
+        if (!std::isfinite(v))
+            throw GraphError("decode step at position " + std::to_string(cache.length())
+                             + ": non-finite logits from the GPU-resident decode (K/V rows stay on the device)");
     cache.commit(1);
-    return head.host_output(0, logits_host).data;
+    return row;
 }
 #endif
 

@@ -18,6 +18,10 @@
 
 namespace ncnnport {
 
+// The commit rule both caches share (kv_cache.h, gpu_kv_cache.h): every layer has written exactly
+// `added` rows since the last commit; `pending` is reset. GraphError naming `what` otherwise.
+void commit_pending(std::vector<int>& pending, int added, const std::string& what);
+
 class KvCache {
 public:
     // Throws GraphError when ncnn cannot allocate the buffers.
