@@ -50,6 +50,9 @@ def package(tmp_path_factory) -> Path:
     return Path(convert_stage(prepare(Target("seedvr2", "tiny", None, root))))
 
 
+GRAPH_SECONDS = ("vae_encode", "dit", "vae_decode")
+
+
 def run_cpp(exe: Path, *args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=600, check=False)
 
@@ -197,6 +200,18 @@ def test_cpp_frames_match_the_python_ncnn_loop(seedvr2_exe, package, tmp_path):
             assert f["sha256"] == hashlib.sha256(np.ascontiguousarray(cpp["frames"][i]).tobytes()).hexdigest()
         expected = json.loads((case / "case.json").read_text())["expected"]
         assert doc["noise"]["sha256"] == expected["noise"]["sha256"]
+
+
+def test_stage_seconds_exclude_the_graph_loads(seedvr2_exe, package, tmp_path):
+    """``seconds`` splits the run: graph stages, host steps and the lazy graph loads add up to the
+    total, each second counted once. When a stage's timer included the loads inside it (on Vulkan
+    20 s of a 23 s run on the H200), the parts summed to far more than the total."""
+    case = case_dirs(package)[0]
+    seconds = cpp_restore(seedvr2_exe, package, case, tmp_path)["json"]["seconds"]
+    assert seconds["load_graphs"] > 0 and all(seconds[k] >= 0 for k in GRAPH_SECONDS), seconds
+    parts = sum(v for k, v in seconds.items() if k != "total")
+    assert parts <= seconds["total"] * 1.001 + 1e-4, seconds
+    assert parts >= seconds["total"] * 0.9, seconds  # nothing large left unaccounted
 
 
 @pytest.mark.slow

@@ -11,6 +11,25 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// The seconds of one graph stage (vae_encode, dit, vae_decode) without the graph loads that
+// happen inside it: graphs load lazily on first use and are released after it, and on Vulkan a
+// load (weight upload, pipeline creation) can take longer than the stage's compute, so a stage
+// timer that included it would not say what the stage costs. Loads count in load_graphs alone.
+class StageClock {
+public:
+    explicit StageClock(Timings* timings) : timings_(timings), t0_(Clock::now()), loads0_(loads()) {}
+    void stop(const char* stage) { timings_->seconds[stage] += since(t0_) - (loads() - loads0_); }
+
+private:
+    double loads() const {
+        const auto it = timings_->seconds.find("load_graphs");
+        return it == timings_->seconds.end() ? 0.0 : it->second;
+    }
+    Timings* timings_;
+    Clock::time_point t0_;
+    double loads0_;
+};
+
 std::string block_name(int i, const char* part) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "dit_block_%02d_%s", i, part);
@@ -99,7 +118,7 @@ Tensor Pipeline::dit(const Tensor& cond, Timings* timings, const Perturb& pertur
     auto [cos_t, sin_t] = text_tables(static_cast<int>(text_.shape[1]), cfg_);
     timings->seconds["host_dit"] += since(t0);
 
-    t0 = Clock::now();
+    StageClock clock(timings);
     auto io = graph("dit_input", timings).run({{"vid", &patches}, {"txt", &text_}});
     Tensor vid = io[0], tx = io[1];
     const Tensor emb6 = graph("dit_embedding", timings).run({{"sinus", &sinus}})[0];
@@ -119,14 +138,14 @@ Tensor Pipeline::dit(const Tensor& cond, Timings* timings, const Perturb& pertur
         release(block_name(i, "post"));
     }
     const Tensor out = graph("dit_output", timings).run({{"vid", &vid}, {"emb6", &emb6}})[0];
-    timings->seconds["dit"] += since(t0);
+    clock.stop("dit");
     Tensor rows = out;
     rows.shape.erase(rows.shape.begin());
     return unpatchify(rows, grid, cfg_.vid_out_channels);
 }
 
 Tensor Pipeline::decode(const Tensor& z, Timings* timings) {
-    const auto t0 = Clock::now();
+    StageClock clock(timings);
     Tensor x = z;
     for (int k = 0; k < cfg_.decode_stages; ++k) {
         const std::string name = "vae_decode_" + std::to_string(k);
@@ -134,7 +153,7 @@ Tensor Pipeline::decode(const Tensor& z, Timings* timings) {
         release(name);
         if (k < cfg_.decode_stages - 1) x = depth_to_space(x, cfg_.decode_temporal(k));
     }
-    timings->seconds["vae_decode"] += since(t0);
+    clock.stop("vae_decode");
     return x;
 }
 
@@ -161,14 +180,14 @@ Frames Pipeline::restore(const Frames& input, const Noise& noise, int64_t area, 
     if (noise.x_T.shape != lat) throw shape_err("x_T", noise.x_T.shape);
     if (noise.posterior && noise.posterior->shape != lat) throw shape_err("posterior", noise.posterior->shape);
 
-    t0 = Clock::now();
+    StageClock encode_clock(timings);
     Tensor batch = x;
     batch.shape.insert(batch.shape.begin(), 1);
     auto moments = graph("vae_encode", timings).run({{"x", &batch}});
     release("vae_encode");
     dump("posterior_mean", moments[0]);
     dump("posterior_logvar", moments[1]);
-    timings->seconds["vae_encode"] += since(t0);
+    encode_clock.stop("vae_encode");
 
     t0 = Clock::now();
     const Tensor latent = posterior_latent(moments[0], moments[1], noise.posterior ? &*noise.posterior : nullptr,
