@@ -319,8 +319,7 @@ def torch_device_problem(port: ModelPort, device: str) -> str | None:
     served = tuple(getattr(port, "cpp_bench_torch_devices", ("cpu",)))
     if device.split(":", 1)[0] not in served:
         return f"model {port.name}: its bench-cpp torch loop runs on {', '.join(served)} only, not {device}"
-    missing = device_missing(device)
-    return None if missing is None else f"{missing} ({device})"
+    return device_missing(device)
 
 
 def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False, torch_device: str = "cpu",
