@@ -10,7 +10,7 @@ below both.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,12 +26,17 @@ class BenchError(RuntimeError):
 @dataclass
 class BenchContext:
     """What a port's ``cpp_bench_cases`` gets: the loaded reference, the converted package, a
-    work folder for input files (removed after the bench) and the thread count of every runtime."""
+    work folder for input files (removed after the bench), the thread count of every runtime,
+    whether the ncnn runtimes run on Vulkan (``--vulkan``: the Python loop's graphs then open on
+    the Vulkan device, as ``verify --backend vulkan`` opens them) and the torch device of the
+    reference column (``--torch-device``; the driver has checked that the port serves it)."""
 
     loaded: LoadedModel
     package: Path
     workdir: Path
     threads: int
+    vulkan: bool = False
+    torch_device: str = "cpu"
 
 
 @dataclass
@@ -63,11 +68,14 @@ class DecodeRun:
 
 @dataclass
 class ImageRun:
-    """One end-to-end restoration of one runtime: seconds and frame bytes."""
+    """One end-to-end restoration of one runtime: seconds, frame bytes and the seconds of each
+    pipeline stage (``vae_encode``, ``dit``, ``vae_decode``; the C++ run also ``load_graphs``,
+    which is never inside a stage), for the row's per-stage table."""
 
     runtime: str
     seconds: float
     frames: np.ndarray
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def timestamps_per_token() -> tuple[list[float], Callable[[int], None]]:
@@ -87,13 +95,14 @@ def decode_from_stamps(runtime: str, prompt_tokens: int, ids: Sequence[int], sta
 
 
 def ncnn_modules(ctx: BenchContext, lazy: bool = False) -> Any:
-    """The package's graphs under ``ctx.threads``: all opened now, or (``lazy``) each on first
+    """The package's graphs under ``ctx.threads`` (on the Vulkan device with ``ctx.vulkan``):
+    all opened now, or (``lazy``) each on first
     use, so a text-only LLM run never loads a vision tower (a multi-GB package). Per-token
     decode never includes an open either way: every graph it runs ran in the prefill."""
     from ncnnport.runtime.lazy_modules import LazyModules, open_ncnn_modules
     from ncnnport.runtime.options import RuntimeOptions
 
-    options = RuntimeOptions(num_threads=ctx.threads)
+    options = RuntimeOptions(num_threads=ctx.threads, use_vulkan=ctx.vulkan)
     return LazyModules(ctx.package, options=options) if lazy else open_ncnn_modules(ctx.package, options=options)
 
 

@@ -339,14 +339,14 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
     from ncnnport.stages import convert_stage, prepare
     ok = True
     for t in _targets(args):
-        check_options(t.model, args.rounds, args.new_tokens)
+        check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch)
     for t in _targets(args):
         with _locked(t, args):
             prep = prepare(t)
             pkg = convert_stage(prep, force=args.force)
             sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
             report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
-                                  t.build_root / "reports" / "bench-cpp")
+                                  t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device)
         ok = ok and report["passed"]
     return 0 if ok else 1
 
@@ -537,6 +537,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (C++, Python, torch each once)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-torch", action="store_true", help="leave the torch eager column out")
+    p.add_argument("--vulkan", action="store_true",
+                   help="run the C++ executable (make cpp VULKAN=1 build) and the Python ncnn loop on the Vulkan device")
+    p.add_argument("--torch-device", default="cpu", metavar="DEV",
+                   help="torch device of the torch eager column (default cpu; e.g. cuda, where the model's loop serves it)")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

@@ -173,6 +173,9 @@ class ModelPort(ABC):
     # Default sizes of ``bench-cpp`` (prompt tokens, or an image side); empty: the model has no C++
     # bench, and ``bench-cpp`` refuses it before anything is built.
     cpp_bench_sizes: tuple[int, ...] = ()
+    # The torch device kinds its bench-cpp torch loop runs on (``--torch-device``; others are
+    # refused before anything is built).
+    cpp_bench_torch_devices: tuple[str, ...] = ("cpu",)
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
         """One :class:`CppBenchCase` per size, yielded one at a time (what every size shares, e.g.

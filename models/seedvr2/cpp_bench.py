@@ -5,11 +5,13 @@ One synthetic HxW image (smooth gradients + seeded texture) restored end to end 
 shape and written as the executable's ``--noise``: the executable, the Python package loop's
 ``packaged.restore`` and the torch reference's ``restore`` on the same image and noise.
 
-The torch reference is materialised only when its first call runs, before that call's clock
-starts: at real widths it is GBs of weights that ``--no-torch`` must not build. The Python and
-torch calls also record, per round, the seconds of each pipeline stage under the executable's
-JSON names (``vae_encode``, ``dit``, ``vae_decode``), which land in the row through the case's
-``info`` (``stage_seconds``); every runtime's peak RSS is the driver's (``with_peak_rss``).
+The torch reference is materialised (and moved to ``ctx.torch_device``) only when its first call
+runs, before that call's clock starts: at real widths it is GBs of weights that ``--no-torch``
+must not build. The Python and torch calls also record, per round, the seconds of each pipeline
+stage under the executable's JSON names (``vae_encode``, ``dit``, ``vae_decode``) in their
+``ImageRun.stages``, which the driver tabulates beside the executable's; a device backend
+synchronises before a stage's clock stops. Every runtime's peak RSS is the driver's
+(``with_peak_rss``). With ``ctx.vulkan`` the Python loop's graphs run on the Vulkan device.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class StageTimer:
     def _timed(self, method: str, *args: Any) -> Any:
         t = time.perf_counter()
         out = getattr(self.backend, method)(*args)
+        getattr(self.backend, "synchronize", lambda: None)()  # a device's queued work is the stage's
         key = self.NAMES[method]
         self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t
         return out
@@ -62,15 +65,13 @@ class StageTimer:
         return self._timed("decode", z)
 
 
-def measured(runtime: str, info: dict[str, Any], backend: Any, restore: Callable[[Any], Any]) -> ImageRun:
-    """One timed ``restore(StageTimer(backend))`` as an ImageRun; its stage seconds appended to
-    ``info`` under ``runtime``."""
+def measured(runtime: str, backend: Any, restore: Callable[[Any], Any]) -> ImageRun:
+    """One timed ``restore(StageTimer(backend))`` as an ImageRun with its stage seconds."""
     timer = StageTimer(backend)
     t = time.perf_counter()
     frames = restore(timer).frames
     seconds = time.perf_counter() - t
-    info.setdefault("stage_seconds", {}).setdefault(runtime, []).append(dict(timer.seconds))
-    return ImageRun(runtime, seconds, frames)
+    return ImageRun(runtime, seconds, frames, dict(timer.seconds))
 
 
 class SeedVR2Bench:
@@ -88,7 +89,7 @@ class SeedVR2Bench:
         self.backend, _ = graph_backend_for(self.rt.cfg, ncnn_modules(ctx), trig=self.rt.trig)
 
     def torch_backend(self) -> Any:
-        """The torch reference's backend, materialised on first use."""
+        """The torch reference's backend (on ``ctx.torch_device``), materialised on first use."""
         if self._torch_backend is None:
             self._torch_backend = self.make_torch_backend()
         return self._torch_backend
@@ -113,13 +114,12 @@ class SeedVR2Bench:
         info: dict[str, Any] = {"area": area, "noise_sha256": noise.record().get("sha256")}
 
         def python() -> ImageRun:
-            return measured("python", info, self.backend,
-                            lambda backend: packaged.restore(self.rt, backend, video, noise, area))
+            return measured("python", self.backend, lambda backend: packaged.restore(self.rt, backend, video, noise, area))
 
-        return CppBenchCase(f"{size}x{size}", "image", argv, python, self.torch_call(video, noise, area, info),
+        return CppBenchCase(f"{size}x{size}", "image", argv, python, self.torch_call(video, noise, area),
                             info, fresh_dir=out_dir)
 
-    def torch_call(self, video: np.ndarray, noise: Any, area: int, info: dict[str, Any]) -> Callable[[], ImageRun]:
+    def torch_call(self, video: np.ndarray, noise: Any, area: int) -> Callable[[], ImageRun]:
         """The torch reference's ``restore`` on the same image and noise (the reference built
         before the clock starts)."""
         from ncnnport.models.seedvr2.pipeline import restore
@@ -128,8 +128,7 @@ class SeedVR2Bench:
 
         def run() -> ImageRun:
             backend = self.torch_backend()
-            return measured("torch", info, backend,
-                            lambda b: restore(ref.config, b, video, ref.text.numpy(), noise, area=area))
+            return measured("torch", backend, lambda b: restore(ref.config, b, video, ref.text.numpy(), noise, area=area))
         return run
 
 

@@ -123,7 +123,8 @@ class TimeEmbedding(nn.Module):
         return self.proj_out(h)
 
     def forward(self, t: float) -> torch.Tensor:
-        return self.mlp(timestep_sinusoid(t, self.sinusoidal_dim))
+        """The host-built sinusoid moved to the weights' device (a no-op on the CPU)."""
+        return self.mlp(timestep_sinusoid(t, self.sinusoidal_dim).to(self.proj_in.weight.device))
 
 
 def timestep_sinusoid(t: float, dim: int = 256) -> torch.Tensor:
@@ -291,7 +292,8 @@ class NaDiT(nn.Module):
     def window_plan(self, grid: tuple[int, int, int], shifted: bool, text_len: int,
                     rope: MMRoPE3d) -> WindowPlan:
         wins = partition(grid, shifted, self.cfg.window, self.cfg.window_area, self.cfg.window_max_t)
-        index = [torch.from_numpy(i) for i in window_token_index(grid, wins)]
+        device = rope.rope.freqs.device  # the plan lives where the blocks run (tables follow freqs)
+        index = [torch.from_numpy(i).to(device) for i in window_token_index(grid, wins)]
         cos, sin = [], []
         for local in window_local_positions(wins):
             c, s = rope.tables(torch.from_numpy(video_positions(local, text_len)))

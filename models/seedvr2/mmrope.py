@@ -42,17 +42,18 @@ class MMRoPE3d(nn.Module):
         self.rope = RotaryFreqs(axis_dim, theta)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[n, head_dim]`` (fp32) for integer positions ``[n, 3]`` (t, h, w)."""
+        """cos/sin ``[n, head_dim]`` (fp32) for integer positions ``[n, 3]`` (t, h, w), on the
+        device of the ``freqs`` buffer (host positions follow the module, e.g. onto CUDA)."""
         freqs = self.rope.freqs.float()
-        pos = positions.to(torch.float32)
+        pos = positions.to(device=freqs.device, dtype=torch.float32)
         parts = []
         for axis in range(3):
             ang = pos[:, axis : axis + 1] * freqs[None, :]            # [n, axis_dim/2]
             parts.append(ang.repeat_interleave(2, dim=1))              # pairs (2k, 2k+1)
         ang = torch.cat(parts, dim=1)
         tail = self.head_dim - ang.shape[1]
-        cos = torch.cat([ang.cos(), torch.ones(ang.shape[0], tail)], dim=1)
-        sin = torch.cat([ang.sin(), torch.zeros(ang.shape[0], tail)], dim=1)
+        cos = torch.cat([ang.cos(), torch.ones(ang.shape[0], tail, device=ang.device)], dim=1)
+        sin = torch.cat([ang.sin(), torch.zeros(ang.shape[0], tail, device=ang.device)], dim=1)
         return cos, sin
 
 

@@ -78,26 +78,53 @@ def wavelet_color_fix(output: np.ndarray, source: np.ndarray,
 
 # --- backends --------------------------------------------------------------------------------
 class TorchBackend:
-    """The fp32 PyTorch reference."""
+    """The fp32 PyTorch reference, on ``device`` (default the CPU).
 
-    def __init__(self, dit: NaDiT, vae: VideoAutoencoderKL) -> None:
-        self.dit_model, self.vae = dit.eval(), vae.eval()
+    The pipeline around it is numpy on the host, so every call takes numpy in and gives numpy
+    out: on the CPU the tensors share the arrays' memory (no copy, the parity reference's bytes);
+    on another device the inputs are copied there, and the outputs copied back after the device
+    has finished (``synchronize``), so a timer around a call measures the device's work. The
+    modules are moved to ``device`` in place when the backend is built (bench-cpp builds it at
+    its first torch call); TF32 is turned off there so a CUDA run is true fp32."""
+
+    def __init__(self, dit: NaDiT, vae: VideoAutoencoderKL, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.dit_model, self.vae = dit.eval().to(self.device), vae.eval().to(self.device)
+
+    def _in(self, a: np.ndarray) -> torch.Tensor:
+        """A numpy input as a tensor on the device (a view of ``a`` on the CPU)."""
+        return torch.from_numpy(a).to(self.device)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (nothing to wait for on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _out(self, t: torch.Tensor) -> np.ndarray:
+        """An output as numpy, after the device has finished computing it."""
+        if self.device.type == "cpu":
+            return t.numpy()
+        self.synchronize()
+        return t.cpu().numpy()
 
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
-            m, lv = self.vae.encode_moments(torch.from_numpy(x))
-        return m.numpy(), lv.numpy()
+            m, lv = self.vae.encode_moments(self._in(x))
+        return self._out(m), self._out(lv)
 
     def dit(self, cond: np.ndarray, txt: np.ndarray, t: float, stages: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
-            out = self.dit_model.forward_stages(torch.from_numpy(cond), torch.from_numpy(txt), t)
+            out = self.dit_model.forward_stages(self._in(cond), self._in(txt), t)
         for k, v in out.items():
-            stages[k] = v.numpy()
-        return out["velocity"].numpy()
+            stages[k] = self._out(v)
+        return stages["velocity"]
 
     def decode(self, z: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            return self.vae.decode(torch.from_numpy(z)).numpy()
+            return self._out(self.vae.decode(self._in(z)))
 
 
 class OfficialBackend:

@@ -260,10 +260,10 @@ class SeedVR2Port(KitPort):
 
     # --- pipelines -----------------------------------------------------------------------------
     @staticmethod
-    def torch_backend(loaded: LoadedModel):
+    def torch_backend(loaded: LoadedModel, device: str = "cpu"):
         from ncnnport.models.seedvr2.pipeline import TorchBackend
 
-        return TorchBackend(loaded.reference.dit, loaded.reference.vae)
+        return TorchBackend(loaded.reference.dit, loaded.reference.vae, device)
 
     @staticmethod
     def official_backend(loaded: LoadedModel):
@@ -553,11 +553,12 @@ class SeedVR2Port(KitPort):
         return cpp_cases.package_argv(package, case, workdir)
 
     cpp_bench_sizes = (256,)  # bench-cpp's default one square image side
+    cpp_bench_torch_devices = ("cpu", "cuda")  # TorchBackend(device=...): numpy in and out, synchronised
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:
         """``bench-cpp``'s workloads (models/seedvr2/cpp_bench.py, new_tokens unused)."""
         from ncnnport.models.seedvr2 import cpp_bench
-        return cpp_bench.cases(ctx, sizes, lambda: self.torch_backend(ctx.loaded), graph_backend_for)
+        return cpp_bench.cases(ctx, sizes, lambda: self.torch_backend(ctx.loaded, ctx.torch_device), graph_backend_for)
 
     # --- the package alone (torch-free: packaged.py) -------------------------------------------
     def runtime_description(self, loaded: LoadedModel) -> dict[str, Any]:

@@ -27,6 +27,16 @@ before the rounds: nothing runs it under ``--no-torch``, and a torch call rebuil
 prefill's activations, a torch run's cache) go back to the OS before the next runtime starts.
 Each runtime's peak RSS per round is in the row: the bench process's VmHWM over its Python or
 torch call, the executable's own VmHWM (sampled while it runs) for the C++ call.
+
+On a GPU: ``--vulkan`` runs both ncnn runtimes on the Vulkan device (the executable with
+``--vulkan``, from the ``make cpp VULKAN=1`` build; the Python loop's graphs opened with
+``use_vulkan`` as ``verify --backend vulkan`` opens them) and names the device in the heading and
+the JSON (``runtime.vulkan``, so a software device is never read as GPU speed).
+``--torch-device`` runs the torch column there, for a port that lists the device kind in
+``cpp_bench_torch_devices`` (its torch loop moves the reference there at its first call and
+synchronises before its clock stops). Both are checked before any model loads. Image rows also
+get a per-stage table (``vae_encode``, ``dit``, ``vae_decode`` per runtime; the executable's
+``load_graphs`` in its own column, never inside a stage).
 """
 
 from __future__ import annotations
@@ -41,15 +51,23 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ncnnport.drivers.cpp_parity import CppRuntimeError, find_executable, frames_of, frames_sha256, run_executable
+from ncnnport.drivers.cpp_parity import (REPO_ROOT, CppRuntimeError, find_executable, frames_of, frames_sha256,
+                                         run_executable)
 from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
 from ncnnport.runtime.perf_timing import ratio_estimate
+from ncnnport.runtime.vulkan import device_record, vulkan_text
 
 OVERHEAD_TARGET = 0.05  # issue 13: the C++ loop's host time <= 5 % of its decode time
 RUNTIMES = ("cpp", "python", "torch")
 SCHEMA = 1
+# The image rows' per-stage columns: the executable's JSON ``seconds`` names (StageClock), then
+# its graph loading, which its stages exclude and the in-process runtimes do not have (their
+# graphs open before the rounds; torch has none).
+STAGES = ("vae_encode", "dit", "vae_decode")
+LOAD_STAGE = "load_graphs"
+VULKAN_BUILD = "cpp-vulkan"  # build/<this>: `make cpp VULKAN=1`
 
 
 def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
@@ -69,12 +87,15 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
 
 def cpp_image_run(out: dict[str, Any], exe: str) -> ImageRun:
     """The executable's JSON as an ImageRun: ``seconds.total`` less ``seconds.load_graphs`` (its
-    graphs load lazily inside the run; the Python loop's were opened before timing) and frames."""
+    graphs load lazily inside the run; the Python loop's were opened before timing), frames, and
+    the stage seconds it reports (``STAGES`` and ``load_graphs``)."""
     try:
-        seconds = float(out["seconds"]["total"]) - float(out["seconds"].get("load_graphs", 0.0))
+        reported = out["seconds"]
+        seconds = float(reported["total"]) - float(reported.get(LOAD_STAGE, 0.0))
+        stages = {k: float(reported[k]) for k in (*STAGES, LOAD_STAGE) if k in reported}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BenchError(f"{exe}: result has no seconds.total ({exc})") from None
-    return ImageRun("cpp", seconds, frames_of(out, exe))
+    return ImageRun("cpp", seconds, frames_of(out, exe), stages)
 
 
 CPP_PARSERS: dict[str, Callable[[dict[str, Any], str], Any]] = {"decode": cpp_decode_run, "image": cpp_image_run}
@@ -87,20 +108,29 @@ def empty_folder(folder: Path | None) -> None:
             f.unlink()
 
 
-def cpp_call(exe: Path, case: CppBenchCase, json_out: Path) -> Callable[[], Any]:
+def cpp_argv(case: CppBenchCase, vulkan: bool) -> list[str]:
+    """The executable's arguments for ``case``: the port's, plus ``--vulkan`` on the GPU."""
+    return [*case.argv, *(["--vulkan"] if vulkan else [])]
+
+
+def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False) -> Callable[[], Any]:
     """One executable run per call (its output folder emptied first), its JSON parsed by kind."""
+    argv = cpp_argv(case, vulkan)
+
     def call() -> Any:
         empty_folder(case.fresh_dir)
-        return CPP_PARSERS[case.kind](run_executable(exe, case.argv, json_out), exe.name)
+        return CPP_PARSERS[case.kind](run_executable(exe, argv, json_out), exe.name)
     return call
 
 
-def case_calls(case: CppBenchCase, exe: Path, json_out: Path, torch: bool) -> dict[str, Callable[[], Any]]:
+def case_calls(case: CppBenchCase, exe: Path, json_out: Path, torch: bool,
+               vulkan: bool = False) -> dict[str, Callable[[], Any]]:
     """Every runtime's call, in the first round's order: the Python loop first when torch runs
     (a torch call may reuse what the Python run computed), else C++ first."""
+    cpp = cpp_call(exe, case, json_out, vulkan)
     if torch and case.torch is not None:
-        return {"python": case.python, "cpp": cpp_call(exe, case, json_out), "torch": case.torch}
-    return {"cpp": cpp_call(exe, case, json_out), "python": case.python}
+        return {"python": case.python, "cpp": cpp, "torch": case.torch}
+    return {"cpp": cpp, "python": case.python}
 
 
 def interleaved_runs(calls: Mapping[str, Callable[[], Any]], rounds: int,
@@ -244,6 +274,9 @@ def image_row(label: str, runs: Mapping[str, list[ImageRun]]) -> dict[str, Any]:
                                          "total_bytes": int(diff.size)})
     row["frames_stable_across_rounds"] = all(frames_sha256(r.frames) == frames_sha256(rs[0].frames)
                                              for rs in runs.values() for r in rs)
+    stage_seconds = {name: [dict(r.stages) for r in rs] for name, rs in runs.items() if any(r.stages for r in rs)}
+    if stage_seconds:
+        row["stage_seconds"] = stage_seconds
     return row
 
 
@@ -264,14 +297,57 @@ def has_cpp_bench(port: ModelPort) -> bool:
     return bool(port.cpp_bench_sizes) and bool(port.cpp_executable)
 
 
-def check_options(model: str, rounds: int, new_tokens: int) -> None:
-    """Refuse, in one line and before anything is built, what the bench cannot run."""
-    if not has_cpp_bench(get_port(model)):
+def bench_executable(name: str, vulkan: bool) -> Path:
+    """The port's executable: ``build/cpp`` (made when missing) on the CPU; with ``--vulkan`` the
+    ``make cpp VULKAN=1`` build (``build/cpp-vulkan``, or ``NCNNPORT_CPP_BUILD``), never built
+    here (a cold ncnn + Vulkan build is long; a CPU-only executable would refuse ``--vulkan``)."""
+    if not vulkan:
+        return find_executable(name)
+    exe = Path(os.environ.get("NCNNPORT_CPP_BUILD") or REPO_ROOT / "build" / VULKAN_BUILD) / name
+    if not exe.is_file():
+        raise BenchError(f"bench-cpp --vulkan: {exe} not found; build it with `make -C {REPO_ROOT} cpp VULKAN=1` "
+                         "(or point NCNNPORT_CPP_BUILD at a Vulkan build)")
+    return exe
+
+
+def torch_device_problem(port: ModelPort, device: str) -> str | None:
+    """Why the port's torch column cannot run on ``device`` here (None when it can): the port
+    lists the device kinds its bench-cpp torch loop serves (``cpp_bench_torch_devices``), and
+    torch must see the device (``device_bench.device_missing``, the rule of ``bench --perf``)."""
+    from ncnnport.drivers.device_bench import device_missing
+
+    served = tuple(getattr(port, "cpp_bench_torch_devices", ("cpu",)))
+    if device.split(":", 1)[0] not in served:
+        return f"model {port.name}: its bench-cpp torch loop runs on {', '.join(served)} only, not {device}"
+    return device_missing(device)
+
+
+def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False, torch_device: str = "cpu",
+                  torch: bool = True) -> None:
+    """Refuse, in one line and before anything is built, what the bench cannot run: no C++ bench,
+    bad counts, ``--vulkan`` without a Vulkan device or build, a torch device the port or this
+    machine cannot serve."""
+    port = get_port(model)
+    if not has_cpp_bench(port):
         known = [m for m in available_models() if has_cpp_bench(get_port(m))]
         raise BenchError(f"bench-cpp: no C++ bench for model {model} (its port sets no cpp_bench_sizes or "
                          f"cpp_executable; models with one: {', '.join(known) or 'none'})")
     if rounds < 1 or new_tokens < 2:
         raise BenchError(f"bench-cpp: need --rounds >= 1 and --new-tokens >= 2 (got {rounds}, {new_tokens})")
+    if vulkan:
+        from ncnnport.drivers.bench import vulkan_available
+
+        if not vulkan_available():
+            raise BenchError("bench-cpp --vulkan: ncnn sees no Vulkan device on this machine (install a driver, "
+                             "e.g. mesa-vulkan-drivers for lavapipe, or run without --vulkan)")
+        bench_executable(port.cpp_executable, vulkan)
+    if torch_device != "cpu":
+        if not torch:
+            raise BenchError(f"bench-cpp: --torch-device {torch_device} times the torch column, which --no-torch "
+                             "leaves out (drop one of them)")
+        problem = torch_device_problem(port, torch_device)
+        if problem:
+            raise BenchError(f"bench-cpp --torch-device {torch_device}: {problem}")
 
 
 def case_row(case: CppBenchCase, runs: Mapping[str, list[Any]], new_tokens: int) -> dict[str, Any]:
@@ -281,14 +357,15 @@ def case_row(case: CppBenchCase, runs: Mapping[str, list[Any]], new_tokens: int)
 
 
 def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds: int, torch: bool,
-                log: Callable[[str], None], model: str, new_tokens: int) -> tuple[list[dict[str, Any]], set[str]]:
+                log: Callable[[str], None], model: str, new_tokens: int,
+                vulkan: bool = False) -> tuple[list[dict[str, Any]], set[str]]:
     """Every case's interleaved rounds as rows, and the kinds seen (one per model)."""
     rows, kinds = [], set()
     for case in cases:
         kinds.add(case.kind)
         if len(kinds) > 1:
             raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
-        calls = case_calls(case, exe, json_out, torch)
+        calls = case_calls(case, exe, json_out, torch, vulkan)
         peaks: dict[str, list[int]] = {name: [] for name in calls}
         runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
                                 rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
@@ -299,27 +376,40 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
     return rows, kinds
 
 
+def torch_device_name(device: str) -> str | None:
+    """The torch device's name for the heading and the JSON (CUDA: the GPU's; None on the CPU)."""
+    if device.split(":", 1)[0] != "cuda":
+        return None
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.device(device)))
+
+
 def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
-              threads: int = 1, torch: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+              threads: int = 1, torch: bool = True, log: Callable[[str], None] = print, vulkan: bool = False,
+              torch_device: str = "cpu") -> dict[str, Any]:
     """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
     model = prep.target.model
-    check_options(model, rounds, new_tokens)
-    exe = find_executable(prep.port.cpp_executable)
+    check_options(model, rounds, new_tokens, vulkan, torch_device, torch)
+    exe = bench_executable(prep.port.cpp_executable, vulkan)
     released = release_reference(prep.loaded)
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="ncnnport-bench-cpp-") as tmp:
-            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads)
+            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device)
             cases = prep.port.cpp_bench_cases(ctx, [int(s) for s in sizes], new_tokens)
-            rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens)
+            rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens,
+                                      vulkan)
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
             "preset": prep.target.preset, "layers": prep.target.layers, "threads": threads, "rounds": rounds,
             "new_tokens": None if kinds == {"image"} else new_tokens, "rows": rows,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-            "reference_released": released,
+            "reference_released": released, "backend": "vulkan" if vulkan else "cpu",
+            "vulkan_device": device_record() if vulkan else None, "torch_device": torch_device,
+            "torch_device_name": torch_device_name(torch_device) if torch else None,
             "passed": all(r.get("ids_cpp_equal_python", True) for r in rows)}
 
 
@@ -343,11 +433,44 @@ def peak_rss_line(row: Mapping[str, Any]) -> str:
     return f"{row['case']}: " + ", ".join(parts)
 
 
+def torch_label(report: Mapping[str, Any]) -> str:
+    """The torch column's name: ``torch eager``, with the device when it is not the CPU."""
+    device = report.get("torch_device") or "cpu"
+    return "torch eager" if device == "cpu" else f"torch eager {device}"
+
+
+RUNTIME_LABELS = {"cpp": "C++", "python": "Python ncnn"}
+
+
+def _median(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.3f}" if values else "-"
+
+
+def stage_table(report: Mapping[str, Any]) -> list[str]:
+    """The image rows' per-stage seconds (median over rounds) per runtime, the executable's
+    ``load_graphs`` in its own column (outside its stages and its total); no lines when no row
+    recorded stages."""
+    rows = [r for r in report["rows"] if r.get("stage_seconds")]
+    if not rows:
+        return []
+    lines = ["", f"Per-stage seconds, median over rounds ({LOAD_STAGE}: the executable's graph loading, "
+             "outside its stages and its total; the Python loop's graphs open before the rounds):", "",
+             "| case | runtime | " + " | ".join(f"{s} s" for s in (*STAGES, LOAD_STAGE)) + " |",
+             "|---|---|" + "---|" * (len(STAGES) + 1)]
+    for r in rows:
+        for name, per_round in r["stage_seconds"].items():
+            label = RUNTIME_LABELS.get(name, torch_label(report) if name == "torch" else name)
+            cells = [_median([rd[k] for rd in per_round if k in rd]) for k in (*STAGES, LOAD_STAGE)]
+            lines.append(f"| {r['case']} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: Mapping[str, Any], heading: str) -> str:
-    """The table: the machine line, then one row per case."""
+    """The table: the machine line, then one row per case (image rows: then the stage table)."""
     lines = [heading, ""]
     if report["new_tokens"] is None:
-        lines += ["| case | C++ s | Python ncnn s | torch eager s | Python / C++ | torch / C++ | frames C++ vs Python |",
+        lines += [f"| case | C++ s | Python ncnn s | {torch_label(report)} s | Python / C++ | torch / C++ "
+                  "| frames C++ vs Python |",
                   "|---|---|---|---|---|---|---|"]
         for r in report["rows"]:
             d = r["frames_cpp_vs_python"]
@@ -356,8 +479,9 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
             torch_s = _ms(r["torch"]["seconds"]) if "torch" in r else "-"
             lines.append(f"| {r['case']} | {_ms(r['cpp']['seconds'])} | {_ms(r['python']['seconds'])} | {torch_s} | "
                          f"{_ratio(r.get('python_over_cpp'))} | {_ratio(r.get('torch_over_cpp'))} | {frames} |")
+        lines += stage_table(report)
     else:
-        lines += ["| case | prompt tokens | C++ ms/token | graphs ms/token | Python ncnn ms/token | torch eager ms/token "
+        lines += [f"| case | prompt tokens | C++ ms/token | graphs ms/token | Python ncnn ms/token | {torch_label(report)} ms/token "
                   "| Python / C++ | torch / C++ | C++ overhead (target <= 5%) | ids C++ = Python |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in report["rows"]:
@@ -375,30 +499,57 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
     return "\n".join(lines)
 
 
+def devices_text(report: Mapping[str, Any]) -> str:
+    """Where the runtimes ran, for the machine line: the ncnn backend (on Vulkan its device, as
+    ``verify --backend vulkan`` names it: ``runtime.vulkan.vulkan_text``) and the torch device
+    (with its name off the CPU); empty for the CPU-only bench, whose line is unchanged."""
+    parts = []
+    if report.get("backend") == "vulkan":
+        parts.append("ncnn (C++ and Python) on " + vulkan_text(report.get("vulkan_device")).lstrip("; "))
+    device = report.get("torch_device") or "cpu"
+    if device != "cpu":
+        name = report.get("torch_device_name")
+        parts.append(f"torch on {device}" + (f" ({name})" if name else ""))
+    return "; ".join(parts)
+
+
 def heading(report: Mapping[str, Any]) -> str:
-    """The machine line (``runtime.machine.table_heading``) plus what was run."""
+    """The machine line (``runtime.machine.table_heading``) plus what was run and where."""
     from ncnnport.drivers.torch_ratio import read_bandwidth
     from ncnnport.runtime.machine import cpu_record, table_heading
 
     what = (f"{report['model']} preset {report['preset']}" + (f", {report['layers']} layers" if report["layers"] else "")
-            + (f", {report['new_tokens']} new tokens" if report["new_tokens"] else "") + ", fp32")
-    return f"## bench-cpp: {what}\n\n" + table_heading(cpu_record(), report["threads"], read_bandwidth()["read_gbps"])
+            + (f", {report['new_tokens']} new tokens" if report["new_tokens"] else "") + ", fp32"
+            + (", ncnn on Vulkan" if report.get("backend") == "vulkan" else "")
+            + (f", torch on {report['torch_device']}" if report.get("torch_device", "cpu") != "cpu" else ""))
+    return f"## bench-cpp: {what}\n\n" + table_heading(cpu_record(), report["threads"], read_bandwidth()["read_gbps"],
+                                                         devices_text(report))
+
+
+def report_stem(report: Mapping[str, Any]) -> str:
+    """``<model>``, plus ``-vulkan`` and ``-torch-<device>`` off the CPU, so a GPU run never
+    overwrites the CPU report beside it."""
+    device = report.get("torch_device") or "cpu"
+    return (report["model"] + ("-vulkan" if report.get("backend") == "vulkan" else "")
+            + ("" if device == "cpu" else "-torch-" + device.replace(":", "")))
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    """``<model>.json`` and ``<model>.md`` under ``out_dir``."""
+    """``<stem>.json`` and ``<stem>.md`` under ``out_dir`` (``report_stem``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / report["model"]
+    stem = out_dir / report_stem(report)
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     stem.with_suffix(".md").write_text(report["table"] + "\n", encoding="utf-8")
     return stem.with_suffix(".json"), stem.with_suffix(".md")
 
 
 def bench_target(prep: Any, package: Path, sizes: Sequence[int] | None, new_tokens: int, rounds: int,
-                 threads: int, torch: bool, out_dir: Path) -> dict[str, Any]:
+                 threads: int, torch: bool, out_dir: Path, vulkan: bool = False,
+                 torch_device: str = "cpu") -> dict[str, Any]:
     """Run, print the table, write the JSON and Markdown; the report."""
     sizes = list(sizes or prep.port.cpp_bench_sizes)
-    report = run_bench(prep, package, sizes, new_tokens, rounds, threads, torch)
+    report = run_bench(prep, package, sizes, new_tokens, rounds, threads, torch, vulkan=vulkan,
+                       torch_device=torch_device)
     report["machine_heading"] = heading(report)
     report["table"] = markdown(report, report["machine_heading"])
     print("\n" + report["table"])

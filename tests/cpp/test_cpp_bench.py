@@ -167,7 +167,8 @@ def test_bad_options_are_refused_before_anything_is_built(capsys):
 FAKE_EXE = textwrap.dedent("""\
     #!{python}
     import json, sys
-    args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+    argv = [a for a in sys.argv[1:] if a != "--vulkan"]  # the one flag without a value
+    args = dict(zip(argv[0::2], argv[1::2]))
     ids = [int(t) for t in args["--ids"].split(",")]
     out = {{"chunks": [{{"token_ids": ids, "prompt_tokens": int(args["--prompt"]), "stopped_by_eos": False}}],
            "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19}}}}
@@ -199,9 +200,11 @@ class FakeBenchPort(NoBenchPort):
 
     def __init__(self) -> None:
         self.seen: list[Any] = []
+        self.contexts: list[Any] = []
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
         self.seen.append((ctx.package, ctx.threads, list(sizes), new_tokens))
+        self.contexts.append(ctx)
         for size in sizes:
             ids = list(range(1, size + 1))
             yield CppBenchCase(f"P={size}", "decode", ["--ids", ",".join(map(str, ids)), "--prompt", "7"],
@@ -294,3 +297,181 @@ def test_the_driver_names_no_model():
 def test_a_bench_case_of_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="kind 'video'"):
         CppBenchCase("x", "video", [], lambda: None)
+
+
+# --- on a GPU: --vulkan and --torch-device --------------------------------------------------------
+
+LAVAPIPE = {"index": 0, "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "type": "software", "vendor": "Mesa",
+            "driver_version": "1", "label": "software Vulkan (lavapipe)"}
+
+
+def _fake_prep(port: Any) -> Any:
+    return types.SimpleNamespace(target=types.SimpleNamespace(model=port.name, preset="tiny", layers=None),
+                                 port=port, loaded=None)
+
+
+@pytest.fixture
+def recorded_argv(monkeypatch) -> list[list[str]]:
+    """Every executable command line the driver runs (the stand-in still runs)."""
+    seen: list[list[str]] = []
+    real = cpp_bench.run_executable
+
+    def recording(exe, argv, json_out, launcher=()):
+        seen.append(list(argv))
+        return real(exe, argv, json_out, launcher)
+    monkeypatch.setattr(cpp_bench, "run_executable", recording)
+    return seen
+
+
+def test_the_cpu_bench_runs_what_it_ran_before(fake_models, tmp_path, recorded_argv):
+    """Without the GPU flags: the port's argv as it is, the graphs on the CPU, torch on the CPU,
+    the report saying so and the machine line without a device part."""
+    port = fake_models["fake-bench"]
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2, log=lambda _m: None)
+    assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7"]] * 2
+    (ctx,) = port.contexts
+    assert (ctx.vulkan, ctx.torch_device) == (False, "cpu")
+    assert (report["backend"], report["vulkan_device"], report["torch_device"]) == ("cpu", None, "cpu")
+    assert cpp_bench.devices_text(report) == "" and cpp_bench.report_stem(report) == "fake-bench"
+    (row,) = report["rows"]
+    assert set(row) >= {"cpp", "python", "torch"} and "stage_seconds" not in row  # decode rows have no stages
+    assert "| case | prompt tokens | C++ ms/token | graphs ms/token | Python ncnn ms/token | torch eager ms/token " \
+        in cpp_bench.markdown(report, "machine: x")
+
+
+def test_vulkan_reaches_every_executable_call_and_the_python_graphs(fake_models, tmp_path, recorded_argv,
+                                                                    monkeypatch):
+    import ncnnport.drivers.bench as drivers_bench
+
+    monkeypatch.setattr(drivers_bench, "vulkan_available", lambda: True)
+    monkeypatch.setattr(cpp_bench, "device_record", lambda: dict(LAVAPIPE))
+    port = fake_models["fake-bench"]
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
+                                 log=lambda _m: None, vulkan=True)
+    assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--vulkan"]] * 2
+    assert port.contexts[0].vulkan and report["backend"] == "vulkan" and report["vulkan_device"] == LAVAPIPE
+    text = cpp_bench.devices_text(report)
+    assert text == ("ncnn (C++ and Python) on Vulkan: software Vulkan (lavapipe) (llvmpipe (LLVM 15.0.6, 256 bits), "
+                    "software, Mesa driver 1)")
+    assert cpp_bench.report_stem(report) == "fake-bench-vulkan"
+
+
+def test_the_python_loop_opens_its_graphs_on_vulkan(monkeypatch, tmp_path):
+    """bench_kit.ncnn_modules: the same RuntimeOptions(use_vulkan=True) as verify --backend vulkan."""
+    from ncnnport.models import bench_kit
+    from ncnnport.runtime import lazy_modules
+
+    opened: list[Any] = []
+    monkeypatch.setattr(lazy_modules, "open_ncnn_modules", lambda package, options: opened.append(options) or {})
+    for vulkan in (False, True):
+        bench_kit.ncnn_modules(bench_kit.BenchContext(None, tmp_path, tmp_path, 2, vulkan=vulkan))
+    assert [(o.use_vulkan, o.num_threads) for o in opened] == [(False, 2), (True, 2)]
+
+
+def _one_line_refusal(capsys, argv: list[str], *expected: str) -> None:
+    from ncnnport.cli import main
+
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    for text in expected:
+        assert text in err[0], err[0]
+
+
+def test_vulkan_without_a_device_is_one_line_before_the_model_loads(fake_models, capsys, monkeypatch):
+    import ncnnport.drivers.bench as drivers_bench
+
+    monkeypatch.setattr(drivers_bench, "vulkan_available", lambda: False)
+    _one_line_refusal(capsys, ["bench-cpp", "fake-bench", "--vulkan"], "--vulkan: ncnn sees no Vulkan device")
+
+
+def test_vulkan_without_a_vulkan_build_is_one_line(fake_models, capsys, monkeypatch, tmp_path):
+    import ncnnport.drivers.bench as drivers_bench
+
+    monkeypatch.setattr(drivers_bench, "vulkan_available", lambda: True)
+    monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(tmp_path / "nowhere"))
+    _one_line_refusal(capsys, ["bench-cpp", "fake-bench", "--vulkan"], str(tmp_path / "nowhere" / "fake-exe"),
+                      "make -C", "cpp VULKAN=1")
+
+
+@pytest.mark.parametrize("model", ["qwen3-asr", "youtu-vl", "fake-bench"])
+def test_a_torch_device_the_loop_does_not_serve_is_one_line(model, fake_models, capsys):
+    _one_line_refusal(capsys, ["bench-cpp", model, "--torch-device", "cuda"],
+                      f"--torch-device cuda: model {model}: its bench-cpp torch loop runs on cpu only")
+
+
+def test_cuda_missing_is_one_line_before_the_model_loads(capsys, monkeypatch):
+    from ncnnport.models.seedvr2.port import SeedVR2Port
+    from ncnnport.stages import prepare  # noqa: F401 (imported before the patch below)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("ncnnport.stages.prepare", lambda t: pytest.fail("the model was loaded"))
+    assert "cuda" in SeedVR2Port.cpp_bench_torch_devices
+    _one_line_refusal(capsys, ["bench-cpp", "seedvr2", "--torch-device", "cuda"], "torch sees no CUDA device")
+    _one_line_refusal(capsys, ["bench-cpp", "seedvr2", "--torch-device", "cuda", "--no-torch"], "--no-torch")
+
+
+def test_cpp_image_result_keeps_its_stage_seconds(monkeypatch):
+    """The executable's stages and its graph loading, apart; its host-only seconds left out."""
+    frames = np.zeros((1, 2, 2, 3), np.uint8)
+    monkeypatch.setattr(cpp_bench, "frames_of", lambda out, exe: frames)
+    out = {"seconds": {"total": 5.0, "load_graphs": 1.0, "vae_encode": 0.5, "dit": 2.0, "vae_decode": 1.0,
+                       "host_dit": 0.1}}
+    run = cpp_bench.cpp_image_run(out, "x")
+    assert run.seconds == pytest.approx(4.0)
+    assert run.stages == {"vae_encode": 0.5, "dit": 2.0, "vae_decode": 1.0, "load_graphs": 1.0}
+
+
+def test_image_rows_print_a_per_stage_table_with_graph_loading_apart():
+    a = np.zeros((1, 4, 4, 3), np.uint8)
+    cpp = [ImageRun("cpp", 3.0, a, {"vae_encode": 0.5, "dit": d, "vae_decode": 1.0, "load_graphs": 0.25})
+           for d in (1.0, 1.5, 2.0)]
+    py = [ImageRun("python", 4.0, a, {"vae_encode": 0.75, "dit": 2.5, "vae_decode": 1.25})] * 3
+    torch_runs = [ImageRun("torch", 6.0, a, {"vae_encode": 1.0, "dit": 4.0, "vae_decode": 2.0})] * 3
+    row = cpp_bench.image_row("256x256", {"cpp": cpp, "python": py, "torch": torch_runs})
+    assert row["stage_seconds"]["cpp"][2] == {"vae_encode": 0.5, "dit": 2.0, "vae_decode": 1.0, "load_graphs": 0.25}
+    report = {"new_tokens": None, "rows": [row], "rounds": 3, "load_average": {"before": [1.0], "after": [1.0]},
+              "torch_device": "cuda"}
+    table = cpp_bench.markdown(report, "machine: x")
+    assert "| case | runtime | vae_encode s | dit s | vae_decode s | load_graphs s |" in table
+    assert "| 256x256 | C++ | 0.500 | 1.500 | 1.000 | 0.250 |" in table
+    assert "| 256x256 | Python ncnn | 0.750 | 2.500 | 1.250 | - |" in table
+    assert "| 256x256 | torch eager cuda | 1.000 | 4.000 | 2.000 | - |" in table
+    assert "| torch eager cuda s |" in table
+
+
+def test_the_heading_names_the_torch_device():
+    report = {"backend": "cpu", "torch_device": "cuda:1", "torch_device_name": "NVIDIA H200"}
+    assert cpp_bench.devices_text(report) == "torch on cuda:1 (NVIDIA H200)"
+    assert cpp_bench.report_stem({**report, "model": "m"}) == "m-torch-cuda1"
+
+
+VULKAN_BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD") or ROOT / "build" / "cpp-vulkan")
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_seedvr2_bench_on_vulkan(tmp_path, monkeypatch):
+    """The whole bench on the Vulkan device (lavapipe here): the executable from the Vulkan build
+    (``NCNNPORT_CPP_BUILD``, else build/cpp-vulkan; skipped when absent, like the C++ Vulkan
+    tests) and the Python loop both on Vulkan, the device named, the stage table printed."""
+    from ncnnport.drivers.bench import vulkan_available
+    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.targets import Target
+
+    if not vulkan_available():
+        if os.environ.get("NCNNPORT_REQUIRE_VULKAN") == "1":
+            pytest.fail("NCNNPORT_REQUIRE_VULKAN=1 but ncnn sees no Vulkan device")
+        pytest.skip("no Vulkan device on this machine")
+    if not (VULKAN_BUILD / "ncnnport-seedvr2").is_file():
+        pytest.skip(f"{VULKAN_BUILD / 'ncnnport-seedvr2'} not built (make cpp VULKAN=1)")
+    monkeypatch.setenv("NCNNPORT_CPP_BUILD", str(VULKAN_BUILD))
+    prep = prepare(Target("seedvr2", "tiny", None, tmp_path / "build"))
+    report = cpp_bench.bench_target(prep, convert_stage(prep), [64], 2, 2, 1, True, tmp_path / "reports", vulkan=True)
+    (row,) = report["rows"]
+    assert report["backend"] == "vulkan" and report["vulkan_device"]["name"]
+    assert "ncnn (C++ and Python) on Vulkan: " + report["vulkan_device"]["label"] in report["table"]
+    assert row["frames_stable_across_rounds"]
+    assert row["frames_cpp_equal_python"] or row["frames_cpp_vs_python"]["max_level_difference"] <= 2
+    assert set(row["stage_seconds"]) == {"cpp", "python", "torch"} and "load_graphs" in row["stage_seconds"]["cpp"][0]
+    assert "| 64x64 | C++ |" in report["table"] and (tmp_path / "reports" / "seedvr2-vulkan.md").is_file()
