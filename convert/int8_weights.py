@@ -312,14 +312,15 @@ def probe_input_dims(param: Path, weights: Path, spec: Mapping[str, Any],
 
 def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, list[dict[str, Any]]]:
     """Write ``out`` (a new folder): a copy of the fp32 package ``src`` with every graph's
-    matrix-vector InnerProducts in int8 (:func:`rewrite_graph`), the manifest re-hashed and the
-    rewrite's receipts added to its commands. A graph with variants (param files sharing its
+    matrix-vector InnerProducts in int8 (:func:`rewrite_graph`), ``model.json``'s ``precision``
+    set to ``int8-weights``, the manifest re-hashed and the rewrite's receipts added to its commands. A graph with variants (param files sharing its
     ``.bin``) is rewritten with them when every variant reads the ``.bin`` as the base does
     (:func:`shares_layout`); otherwise it is copied unchanged (a new ``.bin`` layout would break
     the variants)."""
     from ncnnport.fsutil import read_json
     from ncnnport.package.golden import golden_path, read_golden
     from ncnnport.package.manifest import write_manifest
+    from ncnnport.package.model_json import MODEL_JSON, set_precision
 
     if out.exists():
         raise FileExistsError(f"{out}: the int8 package is written into a new folder")
@@ -337,6 +338,8 @@ def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, 
             receipts[name] = rewrite_graph(param, weights, out / "ncnn" / param.name,
                                            out / "ncnn" / weights.name, dims, block,
                                            [(src / "ncnn" / v, out / "ncnn" / v) for v in variants])
+    if (out / MODEL_JSON).is_file():  # the copy says it holds int8 weights (verify judges it so)
+        set_precision(out, "int8-weights")
     commands = list(manifest.get("pnnx_commands", [])) + [{"int8_weights": receipts}]
     write_manifest(out, model=manifest["model"], source=manifest["source"],
                    config_hash=manifest["config_sha256"], build_key=manifest["build_key"],

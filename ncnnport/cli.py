@@ -448,12 +448,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ncnnport.drivers.verify import package_folder, table, verify_package
     from ncnnport.runtime.options import RuntimeOptions
     options = RuntimeOptions(num_threads=args.threads, use_vulkan=args.backend == "vulkan")
+    from ncnnport.drivers.verify import judging_mode, package_judging_mode
+    from ncnnport.package.model_json import PackageError
     with package_folder(args.package) as folder:
         rows = verify_package(folder, options)
-    from ncnnport.drivers.verify import judging_mode
+        try:  # a derived package's rows are judged in its weights' precision
+            mode = package_judging_mode(folder, options)
+        except PackageError:  # a bad model.json is a failed row; its golden rows were judged as fp32
+            mode = judging_mode(options)
     from ncnnport.runtime.vulkan import device_for, vulkan_text
     device = vulkan_text(device_for("vulkan")).lstrip("; ") if options.use_vulkan else "CPU"
-    say(f"## verify {args.package} ({options.label}; judged as {judging_mode(options)}; {device})")
+    say(f"## verify {args.package} ({options.label}; judged as {mode}; {device})")
     say(table(rows))
     return 0 if all(r.passed for r in rows) else 1
 

@@ -76,6 +76,20 @@ class CppCase:
     frames_gate: Any = None        # contract.Tolerance over image rows (levels 0..255)
 
 
+@dataclass
+class CaseRun:
+    """What one packaged case computed on a package's own torch-free loop (``ModelPort.run_case``).
+
+    ``expected`` has the schema of the case's ``expected`` (token ids, frame sha256 and
+    statistics), so a derived package (fp16 or int8 weights) can pin it as its case's expected
+    values; ``files`` are the case-folder files that belong to those values (SeedVR2's
+    ``expected.png``); ``output`` is the run's raw output for the comparison only (never written)."""
+
+    expected: dict[str, Any]
+    files: dict[str, bytes] = field(default_factory=dict)
+    output: Any = None
+
+
 CPP_BENCH_KINDS = ("decode", "image")
 
 
@@ -201,10 +215,17 @@ class ModelPort(ABC):
         into the package at convert time; >= 2 for a model with a torch-free runtime."""
         return []
 
+    def run_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                 modules: Mapping[str, Any]) -> CaseRun:
+        """Run one packaged case (``package.cases.CaseOnDisk``) on the package's opened graphs
+        ``modules``, without torch or transformers, and return its results in the schema of
+        ``case.expected`` (what a derived package pins as its own expected values)."""
+        raise NotImplementedError(f"model {self.name} has no torch-free runtime")
+
     def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
                    modules: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one packaged case (``package.cases.CaseOnDisk``) on the package's opened graphs
-        ``modules``, without torch or transformers: ``{"passed": bool, "detail": str}``."""
+        """Run one packaged case (``run_case``) and compare it with ``case.expected``:
+        ``{"passed": bool, "detail": str}``."""
         raise NotImplementedError(f"model {self.name} has no torch-free runtime")
 
     def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any],

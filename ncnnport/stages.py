@@ -399,10 +399,11 @@ def _copy_assets(loaded: LoadedModel, dest: Path) -> None:
             shutil.copyfile(src, target)
 
 
-def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> None:
-    """``model.json``, runtime files and the e2e cases of a model with a package description
-    (its port's ``runtime_description``, ``runtime_files`` and ``package_cases``), computed from
-    the reference; nothing for a model without one.
+def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0, precision: str = "fp32") -> None:
+    """``model.json`` (with ``precision``: the package's weights), runtime files and the e2e
+    cases of a model with a package description (its port's ``runtime_description``,
+    ``runtime_files`` and ``package_cases``), computed from the reference; nothing for a model
+    without one.
 
     The cases run the whole reference (transformers generate, the torch VAE and DiT): above
     ``STREAM_TRACES_ABOVE`` bytes of weights, where convert streams one module at a time so as
@@ -421,7 +422,7 @@ def write_runtime_files(prep: Prepared, dest: Path, weight_bytes: int = 0) -> No
             raise ValueError(f"{prep.target.model}: runtime file {rel!r} must lie under assets/")
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(data)
-    write_model_json(dest, prep.target.model, description)
+    write_model_json(dest, prep.target.model, description, precision=precision)
     if weight_bytes > STREAM_TRACES_ABOVE:
         log(f"{prep.target.model}: package e2e cases left out: computing them holds the whole reference "
             f"({weight_bytes / 2**30:.1f} GiB of weights, above the {STREAM_TRACES_ABOVE / 2**30:.0f} GiB streaming limit)")
@@ -576,14 +577,40 @@ def _convert_locked(prep: Prepared, force: bool, fp16_weights: bool, keep_traces
                 "pnnx = its own process (VmHWM sampled every 20 ms)",
     }
     _copy_assets(prep.loaded, tmp / "assets")
-    write_runtime_files(prep, tmp, sum(sizes.values()))
+    write_runtime_files(prep, tmp, sum(sizes.values()), precision="fp16-weights" if fp16_weights else "fp32")
     progress_file.unlink(missing_ok=True)
     write_manifest(tmp, model=t.model, source=t.source, config_hash=prep.config_hash,
                    build_key=prep.build_key, commands=receipts, memory=memory, modules=names)
+    if fp16_weights:
+        pin_derived_cases(t.model, tmp, "fp16-weights")
     remove_package(pkg)
     tmp.rename(pkg)  # the package appears whole or not at all
     _record_stage(t, (["exported"] if records is not None else []) + [state_key], prep)  # streamed: no traces kept
     return pkg
+
+
+def rehash_manifest(pkg: Path) -> None:
+    """Rewrite ``pkg``'s manifest over its present files, every other field kept (after a
+    derived package's own files changed)."""
+    m = read_json(pkg / "manifest.json")
+    write_manifest(pkg, model=m["model"], source=m["source"], config_hash=m["config_sha256"],
+                   build_key=m["build_key"], commands=m.get("pnnx_commands", []), memory=m.get("memory"),
+                   modules=m.get("modules"))
+
+
+def pin_derived_cases(model: str, pkg: Path, precision: str) -> None:
+    """A derived package's e2e cases expect what ITS torch-free loop computes (fp16 or int8
+    weights flip near-tied tokens of the seeded presets; parity judges that against torch by its
+    own budgets), so the C++ loop and another machine can be compared with it byte for byte; the
+    torch reference's values stay in each case as ``reference``. Re-hashes the manifest."""
+    from ncnnport.drivers.verify import pin_cases
+
+    same = pin_cases(pkg, precision)
+    if same:
+        differ = sorted(name for name, equal in same.items() if not equal)
+        log(f"{model}: {pkg.name} cases pinned to its own loop ({len(same)} case(s); "
+            f"{'differ from the torch reference: ' + ', '.join(differ) if differ else 'all equal to the torch reference'})")
+        rehash_manifest(pkg)
 
 
 def precision_package(prep: Prepared, setting: Any, force: bool = False) -> Path:
@@ -610,6 +637,7 @@ def int8_weights_stage(prep: Prepared, fp32: Path, force: bool = False) -> Path:
     tmp = pkg.with_name(pkg.name + ".partial")
     remove_package(tmp)
     receipts = int8_package(fp32, tmp)
+    pin_derived_cases(t.model, tmp, "int8-weights")
     if not receipts:
         log(f"{t.model}: int8 weights: no graph has a matrix-vector InnerProduct outside graph variants; "
             f"{pkg.name} computes what the fp32 package computes")

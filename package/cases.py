@@ -4,6 +4,11 @@ Why: ``verify`` must prove on the target device that the whole pipeline, not onl
 gives what the reference gave; the expected values (token ids, frame sha256 and statistics)
 were computed by the reference at convert time. ``case.json`` holds ``inputs`` (role -> file
 name in the case folder), ``args`` (run options such as ``max_new_tokens``) and ``expected``.
+
+A derived package (fp16 or int8 weights, which legitimately flip near-tied tokens of the seeded
+presets) pins ``expected`` to what its own torch-free loop computes, so the C++ loop and another
+machine can be compared with it byte for byte; the torch reference's values move to ``reference``
+and ``precision`` names the package's weights (:func:`pin_case`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class CaseOnDisk:
     inputs: dict[str, Path]
     args: dict[str, Any]
     expected: dict[str, Any]
+    reference: dict[str, Any] | None = None   # the torch reference's values, when expected is pinned
+    precision: str | None = None              # the package precision that pinned expected
 
 
 def read_cases(root: Path) -> list[CaseOnDisk]:
@@ -72,5 +79,24 @@ def read_cases(root: Path) -> list[CaseOnDisk]:
         for role, p in inputs.items():
             if not p.is_file():
                 raise ValueError(f"{p}: missing (input {role!r} of {path})")
-        out.append(CaseOnDisk(path.parent.name, path.parent, inputs, doc["args"], doc["expected"]))
+        reference = doc.get("reference")
+        if reference is not None and not isinstance(reference, dict):
+            raise ValueError(f"{path}: field 'reference' must be an object")
+        out.append(CaseOnDisk(path.parent.name, path.parent, inputs, doc["args"], doc["expected"],
+                              reference, doc.get("precision")))
     return out
+
+
+def pin_case(case: CaseOnDisk, expected: dict[str, Any], files: dict[str, bytes], precision: str) -> None:
+    """Rewrite ``case``'s ``case.json`` with ``expected`` (this package's own results) and its
+    ``files`` (e.g. ``expected.png``), keeping the values it held before as ``reference``: the
+    torch reference's, also when the case was pinned already."""
+    path = case.folder / CASE_JSON
+    doc = read_json(path)
+    run_inputs = {f for role, f in doc["inputs"].items() if role != "expected"}  # what the loop reads
+    for fname, data in files.items():
+        if "/" in fname or fname in ("", ".", "..", CASE_JSON) or fname in run_inputs:
+            raise ValueError(f"case {case.name}: pinned file {fname!r} is not an expected-output file name")
+        (case.folder / fname).write_bytes(data)
+    reference = doc.get("reference", doc["expected"])
+    write_json(path, {**doc, "expected": expected, "reference": reference, "precision": precision})

@@ -98,18 +98,25 @@ def transcribe(asr: PackagedASR, wave16k: np.ndarray, *, language: str | None = 
     return PackagedTranscript(joined.language, joined.text, tokens)
 
 
-def check_case(asr: PackagedASR, case: Any) -> dict[str, Any]:
-    """One packaged case: token ids of every chunk must equal the reference's, byte for byte."""
+def run_case(asr: PackagedASR, case: Any) -> dict[str, Any]:
+    """One packaged case on the package's loop, in the schema of ``case.expected``: token ids
+    per chunk, language and text."""
     from ncnnport.models.qwen3_asr.audio import read_audio
 
     got = transcribe(asr, read_audio(case.inputs["audio"]), language=case.args.get("language"),
                      max_new_tokens=int(case.args.get("max_new_tokens", 256)))
-    want = case.expected["token_ids"]
-    if got.token_ids == want:
+    return {"token_ids": got.token_ids, "language": got.language, "text": got.text}
+
+
+def compare_case(got: Mapping[str, Any], expected: Mapping[str, Any]) -> dict[str, Any]:
+    """Token ids of every chunk must equal the expected ones, byte for byte."""
+    got_ids, want = got["token_ids"], expected["token_ids"]
+    if got_ids == want:
         return {"passed": True, "detail": f"{sum(map(len, want))} token ids equal in {len(want)} chunk(s)"}
-    for i, (g, w) in enumerate(zip(got.token_ids, want)):
+    for i, (g, w) in enumerate(zip(got_ids, want)):
         if g != w:
             k = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
             return {"passed": False, "detail": f"chunk {i}: first differing token at {k} "
                                                f"(got {g[k:k + 3]}, reference {w[k:k + 3]}; lengths {len(g)}/{len(w)})"}
-    return {"passed": False, "detail": f"{len(got.token_ids)} chunks, reference {len(want)}"}
+    return {"passed": False, "detail": f"{len(got_ids)} chunks, reference {len(want)}"}
+

@@ -30,7 +30,7 @@ from ncnnport.parity.local import recorded_parity
 from ncnnport.parity.records import noise_relative_tolerance, stage_record, token_record
 from ncnnport.parity.tokens import teacher_forced_stats
 from ncnnport.models.kit import KitPort, LayerStack
-from ncnnport.registry import E2EContext, LoadedModel
+from ncnnport.registry import CaseRun, E2EContext, LoadedModel
 from ncnnport.runtime.recording import RecordingRunner
 
 
@@ -309,9 +309,13 @@ class Qwen3ASRPort(KitPort):
         model = loaded.reference.full() if hasattr(loaded.reference, "full") else loaded.reference
         return describe.package_cases(model, loaded.extra["processor"])
 
+    def run_case(self, package: Path, model_json, case, modules) -> CaseRun:
+        from ncnnport.models.qwen3_asr import packaged
+        return CaseRun(packaged.run_case(packaged.open_packaged(package, model_json, modules), case))
+
     def check_case(self, package: Path, model_json, case, modules) -> dict[str, Any]:
         from ncnnport.models.qwen3_asr import packaged
-        return packaged.check_case(packaged.open_packaged(package, model_json, modules), case)
+        return packaged.compare_case(self.run_case(package, model_json, case, modules).expected, case.expected)
 
     def run_package(self, package: Path, model_json, modules, args) -> int:
         from ncnnport.models.qwen3_asr import packaged

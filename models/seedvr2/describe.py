@@ -91,7 +91,8 @@ def noise_npz(x_T: np.ndarray, posterior: np.ndarray | None) -> bytes:
     return buf.getvalue()
 
 
-def _png(frame: np.ndarray) -> bytes:
+def png_bytes(frame: np.ndarray) -> bytes:
+    """One uint8 frame as PNG bytes (a case's input.png and expected.png)."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -118,13 +119,13 @@ def package_cases(loaded: Any, fixtures: list[Any], area_of: Any) -> list[Packag
     backend = TorchBackend(ref.dit, ref.vae)
     out = []
     for fx in fixtures:
-        png = _png(fx.video()[0])
+        png = png_bytes(fx.video()[0])
         with Image.open(io.BytesIO(png)) as im:  # as run reads it (port.decode_image)
             video = np.asarray(im.convert("RGB"), dtype=np.uint8)[None]
         area = area_of(loaded, *video.shape[1:3])
         result = restore(ref.config, backend, video, ref.text.numpy(), seed=OFFICIAL_SEED, area=area)
         files = {"input.png": png, "noise.npz": noise_npz(result.noise.x_T, result.noise.posterior),
-                 "expected.png": _png(result.frames[0])}
+                 "expected.png": png_bytes(result.frames[0])}
         out.append(PackageCase(fx.label, files, {"frames": "input.png", "noise": "noise.npz", "expected": "expected.png"},
                                expected={**frame_summary(result.frames), "noise": result.noise.record()},
                                args={"seed": OFFICIAL_SEED, "area": area, "colour_fix": True}))

@@ -4,8 +4,9 @@ embedding and the host tables; neither torch nor transformers is imported
 
 The flow is ``host.restore`` with the numpy host ops: the colour fix is bit-exact with the torch
 path in float32, and so is the resize when upscaling; a downscale is within 2 float32 ulp of
-ATen's (so a frame value can land one level off). Cases are judged against the torch
-reference's frames: bytes first, else the packaged policy's frames gate. RoPE and timestep tables are torch's own values, looked up
+ATen's (so a frame value can land one level off). Cases are judged against their expected
+frames (the torch reference's; a derived package's own, see ``package.cases.pin_case``): bytes
+first, else the packaged policy's frames gate. RoPE and timestep tables are torch's own values, looked up
 (``host_numpy.TrigTables``). Noise comes from an ``.npz`` (the cases carry theirs) or from numpy's
 generator, which is not the official torch stream (said in one line by the caller).
 """
@@ -99,17 +100,28 @@ def judge_frames(got: np.ndarray, want: np.ndarray, tol: Any) -> tuple[bool, str
                 f"{stats['image_max_abs']} level(s), PSNR {stats['psnr_db']:.1f} dB; frames gate: {why or 'pass'}")
 
 
-def check_case(rt: PackagedSeedVR2, backend: Any, case: Any, video: np.ndarray, expected: np.ndarray | None,
-               tol: Any) -> dict[str, Any]:
-    """One packaged case on ``backend`` with its stored noise: bytes equal to the torch
-    reference's frames, or (``expected`` given) within the frames gate ``tol``."""
+def run_case(rt: PackagedSeedVR2, backend: Any, case: Any, video: np.ndarray) -> Any:
+    """One packaged case on ``backend`` with its stored noise, in the schema of ``case.expected``
+    (frame sha256 and statistics; the noise's identity, an input, kept as the case states it), the
+    first frame as ``expected.png`` and the frames themselves for the comparison."""
+    from ncnnport.models.seedvr2.describe import png_bytes
+    from ncnnport.registry import CaseRun
+
     noise = host.read_noise(case.inputs["noise"])
     result = restore(rt, backend, video, noise, int(case.args["area"]), bool(case.args.get("colour_fix", True)))
-    got = frame_summary(result.frames)
-    if got["frames_sha256"] == case.expected["frames_sha256"]:
-        return {"passed": True, "detail": f"frames bytes equal (sha256 {got['frames_sha256'][:16]})"}
+    expected = {**frame_summary(result.frames), **({"noise": case.expected["noise"]} if "noise" in case.expected else {})}
+    return CaseRun(expected, {"expected.png": png_bytes(result.frames[0])}, output=result.frames)
+
+
+def compare_case(got: Any, want: Mapping[str, Any], expected: np.ndarray | None, tol: Any) -> dict[str, Any]:
+    """A case's run (``run_case``) against its expected values: bytes equal to the expected
+    frames' sha256, or (``expected`` frames given) within the frames gate ``tol``."""
+    sha = got.expected["frames_sha256"]
+    if sha == want["frames_sha256"]:
+        return {"passed": True, "detail": f"frames bytes equal (sha256 {sha[:16]})"}
     if expected is None:
-        return {"passed": False, "detail": f"frames sha256 {got['frames_sha256'][:16]}, reference "
-                                           f"{case.expected['frames_sha256'][:16]} (no expected frames to judge by)"}
-    ok, detail = judge_frames(result.frames, expected, tol)
+        return {"passed": False, "detail": f"frames sha256 {sha[:16]}, reference "
+                                           f"{want['frames_sha256'][:16]} (no expected frames to judge by)"}
+    ok, detail = judge_frames(got.output, expected, tol)
     return {"passed": ok, "detail": detail}
+

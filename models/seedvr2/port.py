@@ -15,7 +15,7 @@ from ncnnport.models.seedvr2.frames import image_rows, image_stats
 from ncnnport.models.seedvr2.tiles import TileSpec, tile_spec, tiled
 from ncnnport.parity.records import stage_record
 from ncnnport.models.kit import KitPort
-from ncnnport.registry import E2EContext, LoadedModel
+from ncnnport.registry import CaseRun, E2EContext, LoadedModel
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 # Tiny presets run user inputs at no more than this many pixels (the real model: 720x1280).
@@ -578,11 +578,20 @@ class SeedVR2Port(KitPort):
         single = [f for f in self._fixtures(loaded)[0] if f.frames == 1][:2]
         return package_cases(loaded, single, self._area)
 
+    def run_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                 modules: Mapping[str, Any]) -> CaseRun:
+        """A packaged case with its stored noise on the package's numpy host flow."""
+        from ncnnport.models.seedvr2 import packaged
+
+        rt = packaged.open_packaged(package, model_json)
+        backend, _ = graph_backend_for(rt.cfg, modules, trig=rt.trig)
+        return packaged.run_case(rt, backend, case, read_frames(case.inputs["frames"]))
+
     def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
                    modules: Mapping[str, Any]) -> dict[str, Any]:
-        """A packaged case with its stored noise against the torch reference's frames: equal bytes,
-        or the packaged policy's frames gate of the run's judging mode against ``expected.png``
-        (ncnn's graphs are not torch's bit for bit, so a few values can land one level off)."""
+        """A packaged case with its stored noise against its expected frames: equal bytes, or the
+        packaged policy's frames gate of the run's judging mode against ``expected.png`` (ncnn's
+        graphs are not torch's bit for bit, so a few values can land one level off)."""
         from ncnnport.models.seedvr2 import packaged
         from ncnnport.parity.policy import Policy
         from ncnnport.runtime import precision
@@ -592,10 +601,9 @@ class SeedVR2Port(KitPort):
         policy_file = Path(package) / "policy.json"
         tol = Policy.load(policy_file).stage("frames", mode) if policy_file.is_file() else None
         try:  # a package or case this runtime cannot read is a failed row naming the file
-            rt = packaged.open_packaged(package, model_json)
             expected = read_frames(case.inputs["expected"]) if "expected" in case.inputs and tol is not None else None
-            backend, _ = graph_backend_for(rt.cfg, modules, trig=rt.trig)
-            return packaged.check_case(rt, backend, case, read_frames(case.inputs["frames"]), expected, tol)
+            run = self.run_case(package, model_json, case, modules)
+            return packaged.compare_case(run, case.expected, expected, tol)
         except ValueError as exc:  # PackageError is a ValueError
             return {"passed": False, "detail": str(exc)}
 

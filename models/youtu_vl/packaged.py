@@ -43,13 +43,18 @@ def generate_ids(modules: Mapping[str, Any], cfg: YoutuVLConfig, tokenizer: Any,
     return [int(t) for t in gen.tokens]
 
 
-def check_case(modules: Mapping[str, Any], cfg: YoutuVLConfig, tokenizer: Any, case: Any) -> dict[str, Any]:
-    """One packaged case: the generated ids must equal the reference's."""
-    got = generate_ids(modules, cfg, tokenizer, case.args["prompt"], case.inputs.get("image"),
-                       int(case.args["max_new_tokens"]))
-    want = case.expected["token_ids"]
-    if got == want:
+def run_case(modules: Mapping[str, Any], cfg: YoutuVLConfig, tokenizer: Any, case: Any) -> dict[str, Any]:
+    """One packaged case on the package's loop, in the schema of ``case.expected``: the ids."""
+    return {"token_ids": generate_ids(modules, cfg, tokenizer, case.args["prompt"], case.inputs.get("image"),
+                                      int(case.args["max_new_tokens"]))}
+
+
+def compare_case(got: Mapping[str, Any], expected: Mapping[str, Any]) -> dict[str, Any]:
+    """The generated ids must equal the expected ones."""
+    ids, want = got["token_ids"], expected["token_ids"]
+    if ids == want:
         return {"passed": True, "detail": f"{len(want)} token ids equal"}
-    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    return {"passed": False, "detail": f"first differing token at {k} (got {got[k:k + 3]}, reference "
-                                       f"{want[k:k + 3]}; lengths {len(got)}/{len(want)})"}
+    k = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+    return {"passed": False, "detail": f"first differing token at {k} (got {ids[k:k + 3]}, reference "
+                                       f"{want[k:k + 3]}; lengths {len(ids)}/{len(want)})"}
+

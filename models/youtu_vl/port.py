@@ -12,7 +12,7 @@ from ncnnport.contract import ModuleSpec, Tolerance
 from ncnnport.parity.records import stage_record, token_record
 from ncnnport.parity.tokens import teacher_forced_stats
 from ncnnport.models.kit import KitPort, LayerStack
-from ncnnport.registry import E2EContext, LoadedModel
+from ncnnport.registry import CaseRun, E2EContext, LoadedModel
 
 MIN_TOKENS = 64
 REAL_FIXTURES = ("grid_12x18", "text_only")
@@ -194,11 +194,16 @@ class YoutuVLPort(KitPort):
         from ncnnport.models.youtu_vl.describe import package_cases
         return package_cases(loaded.reference, loaded.extra["tokenizer"])
 
+    def run_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
+                 modules: Mapping[str, Any]) -> CaseRun:
+        from ncnnport.models.youtu_vl import packaged
+        return CaseRun(packaged.run_case(modules, packaged.packaged_config(package, model_json),
+                                         packaged.packaged_tokenizer(package, model_json), case))
+
     def check_case(self, package: Path, model_json: Mapping[str, Any], case: Any,
                    modules: Mapping[str, Any]) -> dict[str, Any]:
         from ncnnport.models.youtu_vl import packaged
-        return packaged.check_case(modules, packaged.packaged_config(package, model_json),
-                                   packaged.packaged_tokenizer(package, model_json), case)
+        return packaged.compare_case(self.run_case(package, model_json, case, modules).expected, case.expected)
 
     def run_package(self, package: Path, model_json: Mapping[str, Any], modules: Mapping[str, Any], args: Any) -> int:
         from ncnnport.models.youtu_vl import packaged

@@ -1,9 +1,16 @@
 """``ncnnport verify``: check a package (folder or archive) on the device it will run on.
 
 Order: the manifest (every file's sha256, the module list), ``model.json``, then every graph's
-golden vectors on the chosen backend against the reference outputs under the graph's own
-tolerances, then every packaged e2e case through the model's torch-free runtime. A package that
-fails its manifest runs nothing. Neither torch nor transformers is imported on this path.
+golden vectors on the chosen backend against the reference outputs, then every packaged e2e
+case through the model's torch-free runtime. A package that fails its manifest runs nothing.
+Neither torch nor transformers is imported on this path.
+
+Golden rows are judged in the mode of the package's weight precision (``model.json`` field
+``precision``) on the chosen backend: an fp32 package on the CPU by each graph's own fp32 gates, a
+derived package (fp16 or int8 weights) by the packaged policy's budget for that precision, so a
+package we build passes its own verification on the machine that built it. A derived package's
+e2e cases expect what its own loop computed (``pin_cases``); the detail also says how that
+compares with the torch reference's values the case keeps.
 """
 
 from __future__ import annotations
@@ -18,10 +25,10 @@ from typing import Any, Callable, Iterator, Mapping
 from ncnnport.contract import Tolerance
 from ncnnport.metrics import compare, judge
 from ncnnport.package.archive import extract_package, is_archive
-from ncnnport.package.cases import read_cases
+from ncnnport.package.cases import CaseOnDisk, pin_case, read_cases
 from ncnnport.package.golden import golden_path, read_golden
 from ncnnport.package.manifest import MANIFEST, check_package, load_manifest
-from ncnnport.package.model_json import PackageError, read_model_json
+from ncnnport.package.model_json import DEFAULT_PRECISION, PackageError, read_model_json, read_package_precision
 from ncnnport.package.reader import PackageReader, checked_reader
 from ncnnport.runtime.options import RuntimeOptions
 
@@ -70,11 +77,19 @@ def _tolerance(spec: Mapping[str, Any], output: str) -> Tolerance:
     return Tolerance(**found) if found else Tolerance()
 
 
-def judging_mode(options: RuntimeOptions) -> str:
-    """The policy mode that judges a run on ``options``: its precision on its backend."""
+def judging_mode(options: RuntimeOptions, package_precision: str = DEFAULT_PRECISION) -> str:
+    """The policy mode that judges a run on ``options`` over a package whose weights are in
+    ``package_precision``: a derived package's precision (its weights are what differs from the
+    reference), else the precision of ``options``' ncnn flags, on ``options``' backend."""
     from ncnnport.runtime import precision
 
-    return precision.judging_mode(precision.of_options(options), options.use_vulkan)
+    setting = precision.get(package_precision) if package_precision != DEFAULT_PRECISION else precision.of_options(options)
+    return precision.judging_mode(setting, options.use_vulkan)
+
+
+def package_judging_mode(folder: Path, options: RuntimeOptions) -> str:
+    """:func:`judging_mode` for the package at ``folder`` (its ``model.json`` precision)."""
+    return judging_mode(options, read_package_precision(folder))
 
 
 def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str) -> Callable[[str], Tolerance]:
@@ -92,13 +107,14 @@ def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str) -> Calla
     return lambda output: gates.get(output, gates["*"])
 
 
-def golden_checks(reader: PackageReader, options: RuntimeOptions) -> list[Check]:
+def golden_checks(reader: PackageReader, options: RuntimeOptions,
+                  package_precision: str = DEFAULT_PRECISION) -> list[Check]:
     """Every graph of a checked package on ``options``' backend against its golden outputs, one
     row per graph and case (each graph opened for its own rows only), judged in the mode of that
-    backend and precision."""
+    backend and the package's weight precision."""
     from ncnnport.runtime.session import NcnnModule
 
-    mode = judging_mode(options)
+    mode = judging_mode(options, package_precision)
     rows = []
     for name, spec in reader.specs.items():
         path = golden_path(reader.folder, name)
@@ -122,6 +138,16 @@ def golden_checks(reader: PackageReader, options: RuntimeOptions) -> list[Check]
     return rows
 
 
+def reference_note(case: CaseOnDisk) -> str:
+    """For a case whose expected values a derived package pinned: which package precision
+    computed them and which of their fields differ from the torch reference's; empty otherwise."""
+    if case.reference is None:
+        return ""
+    differ = sorted(k for k in case.expected.keys() & case.reference.keys() if case.expected[k] != case.reference[k])
+    versus = f"differs from the torch reference in {', '.join(differ)}" if differ else "equal to the torch reference"
+    return f"expected = this {case.precision or 'derived'} package's own loop, {versus}"
+
+
 def case_checks(reader: PackageReader, model_json: Mapping[str, Any], options: RuntimeOptions) -> list[Check]:
     """Every packaged e2e case through the model's torch-free runtime (graphs opened once)."""
     from ncnnport.registry import get_port
@@ -135,8 +161,29 @@ def case_checks(reader: PackageReader, model_json: Mapping[str, Any], options: R
             res = port.check_case(reader.folder, model_json, case, modules)
         except NotImplementedError as exc:  # expected values shipped, runtime not (yet) torch-free
             res = {"passed": False, "detail": f"not run: {exc}"}
-        rows.append(Check("case", case.name, bool(res["passed"]), str(res.get("detail", ""))))
+        detail = "; ".join(d for d in (str(res.get("detail", "")), reference_note(case)) if d)
+        rows.append(Check("case", case.name, bool(res["passed"]), detail))
     return rows
+
+
+def pin_cases(folder: Path, precision: str, options: RuntimeOptions = RuntimeOptions()) -> dict[str, bool]:
+    """Run every packaged case of the derived package at ``folder`` through its model's
+    torch-free loop and pin the results as the case's ``expected`` (the torch reference's values
+    kept as ``reference``, :func:`package.cases.pin_case`). Returns case name -> whether the
+    package's results equal the reference's. The caller re-hashes the manifest."""
+    from ncnnport.registry import get_port
+    from ncnnport.runtime.lazy_modules import LazyModules
+
+    model_json = read_model_json(folder)
+    port = get_port(str(model_json["model"]))
+    modules = LazyModules(folder, options=options)
+    same = {}
+    for case in read_cases(folder):
+        run = port.run_case(folder, model_json, case, modules)
+        reference = case.reference if case.reference is not None else case.expected
+        same[case.name] = all(run.expected.get(k) == v for k, v in reference.items())
+        pin_case(case, run.expected, run.files, precision)
+    return same
 
 
 def verify_package(folder: Path, options: RuntimeOptions) -> list[Check]:
@@ -153,14 +200,17 @@ def verify_package(folder: Path, options: RuntimeOptions) -> list[Check]:
         rows.append(Check("versions", "ncnn", True, f"warning: {warning}"))
     if problems:
         return rows
+    package_precision = DEFAULT_PRECISION
     try:
         model_json = read_model_json(folder, expected_model=manifest.get("model"))
-        rows.append(Check("model.json", "model.json", True, f"{model_json['model']}, schema {model_json['schema_version']}"))
-    except PackageError as exc:  # the graphs can still be checked; the e2e cases cannot
+        package_precision = read_package_precision(folder)
+        rows.append(Check("model.json", "model.json", True, f"{model_json['model']}, schema "
+                          f"{model_json['schema_version']}, weights {package_precision}"))
+    except PackageError as exc:  # the graphs can still be checked (as fp32); the e2e cases cannot
         model_json = None
         rows.append(Check("model.json", "model.json", False, str(exc)))
     reader = checked_reader(folder)  # hashed once above
-    rows += golden_checks(reader, options)
+    rows += golden_checks(reader, options, package_precision)
     if model_json is not None:
         rows += case_checks(reader, model_json, options)
     return rows

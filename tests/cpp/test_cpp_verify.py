@@ -99,6 +99,33 @@ def test_tiny_package_passes_every_golden_case(cpp_exe, package, model):
     assert "| manifest | manifest.json | PASS |" in res.stdout
 
 
+def test_derived_int8_package_is_judged_in_its_precision_as_the_python_verify(cpp_exe):
+    """package-int8w (model.json precision int8-weights): every golden row passes under the
+    packaged policy's int8_weights budget, the heading says that mode, and each row's verdict is
+    the Python verify's. Before the precision field both judged it by the fp32 gates and failed."""
+    from tests.cpp.packages import tiny_precision_package
+
+    pkg = tiny_precision_package("qwen3-asr", "int8-weights")
+    cpp, py = run_exe("verify", str(pkg)), python_verify(pkg)
+    assert cpp.returncode == 0 and py.returncode == 0, cpp.stdout + cpp.stderr + py.stdout + py.stderr
+    assert "judged as int8_weights; CPU)" in cpp.stdout.splitlines()[0]
+    assert "judged as int8_weights; CPU)" in py.stdout.splitlines()[0]
+    cpp_rows, py_rows = rows(cpp.stdout), rows(py.stdout)
+    assert len(cpp_rows) == golden_case_count(pkg)
+    assert {k: v[0] for k, v in cpp_rows.items()} == {k: v[0] for k, v in py_rows.items()}
+
+
+def test_bad_precision_field_is_exit_2_naming_the_field(cpp_exe, package, tmp_path):
+    pkg = copy_package(package("qwen3-asr"), tmp_path / "pkg")
+    doc = json.loads((pkg / "model.json").read_text())
+    (pkg / "model.json").write_text(json.dumps({**doc, "precision": "fp16-storage"}))
+    rehash(pkg, "model.json")
+    res = run_exe("verify", str(pkg))
+    assert res.returncode == 2
+    assert res.stderr.strip().endswith("model.json: field 'precision' is \"fp16-storage\", not one of fp32, "
+                                       "fp16-weights, int8-weights") and res.stderr.count("\n") == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # judged as the Python verify judges
 

@@ -32,7 +32,7 @@ CPU_EXE = ROOT / "build" / "cpp" / "ncnnport-cpp"
 MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")
 # graphs with a 3-D (rank-4 spec) input that the decoders feed as KV cache views
 VIEW_GRAPHS = {"qwen3-asr": "decode_layer0", "youtu-vl": "llm_layer0"}
-POLICY_MODES = ("fp32", "vulkan_fp32", "vulkan_fp16", "bf16", "fp16_arithmetic")
+POLICY_MODES = ("fp32", "vulkan_fp32", "vulkan_fp16", "bf16", "fp16_arithmetic", "fp16_weights", "int8_weights")
 HEAP_REPEATS = 3
 
 

@@ -546,9 +546,33 @@ VerifyRow run_case(ncnn::Net& net, const GraphSpec& spec, const ModuleGates& gat
     return row;
 }
 
-// The policy mode that judges a run (runtime/precision.judging_mode for the fp32 options):
-// Vulkan has budgets of its own.
-std::string judging_mode(const VerifyOptions& options) { return options.vulkan ? "vulkan_fp32" : "fp32"; }
+// model.json's `precision` (package/model_json.py PACKAGE_PRECISIONS) -> the policy mode of that
+// runtime/precision.py entry; "fp32" for a package without model.json or without the field (built
+// before derived packages said theirs).
+const std::map<std::string, std::string>& package_precision_modes() {
+    static const std::map<std::string, std::string> modes = {
+        {"fp32", "fp32"}, {"fp16-weights", "fp16_weights"}, {"int8-weights", "int8_weights"}};
+    return modes;
+}
+
+std::string package_precision(const fs::path& package) {
+    const fs::path path = package / "model.json";
+    if (!fs::is_regular_file(path)) return "fp32";
+    const json doc = read_json_file(path);
+    if (!doc.contains("precision")) return "fp32";
+    const json& value = doc["precision"];
+    if (!value.is_string() || !package_precision_modes().count(value.get<std::string>()))
+        bad(path.string() + ": field 'precision' is " + value.dump() + ", not one of fp32, fp16-weights, int8-weights");
+    return value.get<std::string>();
+}
+
+// The policy mode that judges a run (runtime/precision.judging_mode of the package's weight
+// precision; the C++ verify runs ncnn with fp32 options): Vulkan has budgets of its own.
+std::string judging_mode(const VerifyOptions& options, const std::string& precision) {
+    const std::string mode = package_precision_modes().at(precision);
+    if (!options.vulkan) return mode;
+    return mode == "fp32" ? "vulkan_fp32" : "vulkan_fp16";
+}
 
 // The packaged policy, read only for a mode other than fp32 (verify.py's _gates): a package
 // without one can be judged in fp32 on the CPU only.
@@ -574,9 +598,8 @@ ModuleGates gates_for(const GraphSpec& spec, const std::optional<TolerancePolicy
     }
 }
 
-std::vector<VerifyRow> golden_rows(const fs::path& package, const VerifyOptions& options) {
+std::vector<VerifyRow> golden_rows(const fs::path& package, const VerifyOptions& options, const std::string& mode) {
     std::vector<VerifyRow> rows;
-    const std::string mode = judging_mode(options);
     const std::optional<TolerancePolicy> policy = policy_for(package, mode);
     for (const GraphSpec& spec : read_specs(package)) {
         const fs::path golden = package / "golden" / (spec.name + ".npz");
@@ -660,6 +683,7 @@ VerifyResult verify_goldens(const fs::path& package, const VerifyOptions& option
     std::error_code ec;
     if (!fs::is_directory(package, ec)) bad(package.string() + ": no such package folder");
     VerifyResult result;
+    result.mode = judging_mode(options, "fp32");
     if (!fs::is_regular_file(package / kManifestName)) {
         result.rows.push_back({"manifest", (package / kManifestName).string(), false, "missing"});
         return result;
@@ -671,7 +695,8 @@ VerifyResult verify_goldens(const fs::path& package, const VerifyOptions& option
     result.rows.push_back({"manifest", kManifestName, check.problems.empty(), detail});
     if (auto v = version_row(package)) result.rows.push_back(*v);
     if (!check.problems.empty()) return result;
-    for (auto& row : golden_rows(package, options)) result.rows.push_back(std::move(row));
+    result.mode = judging_mode(options, package_precision(package));  // model.json hashed above
+    for (auto& row : golden_rows(package, options, result.mode)) result.rows.push_back(std::move(row));
     return result;
 }
 
@@ -694,7 +719,7 @@ int run_verify(const fs::path& package, const VerifyOptions& options, const std:
     try {
         const VerifyResult result = verify_goldens(package, options);
         std::cout << "## verify " << package.string() << " (" << options_label(options) << "; judged as "
-                  << judging_mode(options) << "; " << (options.vulkan ? vulkan_device_text() : "CPU") << ")\n"
+                  << result.mode << "; " << (options.vulkan ? vulkan_device_text() : "CPU") << ")\n"
                   << verify_table(result);
         return result.passed() ? 0 : 1;
     } catch (const BadPackage& e) {

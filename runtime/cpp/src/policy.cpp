@@ -18,6 +18,7 @@ const std::map<std::string, double>& unit_roundoff() {
     static const std::map<std::string, double> u = {
         {"fp32", std::ldexp(1.0, -24)},          {"fp16", std::ldexp(1.0, -11)},
         {"fp16_weights", std::ldexp(1.0, -11)},  {"fp16_arithmetic", std::ldexp(1.0, -11)},
+        {"int8_weights", 1.0 / 254.0},  // half a step of the absmax/127 grid (package-int8w)
         {"bf16", std::ldexp(1.0, -8)},           {"vulkan_fp32", std::ldexp(1.0, -24)},
         {"vulkan_fp16", std::ldexp(1.0, -11)},
     };

@@ -7,7 +7,9 @@
 // `tolerances[output]` (else `tolerances["*"]`, else the fp32 default 0.999999 / 1e-4 / 1e-6),
 // which convert writes from the packaged policy.json's fp32 gates; the metrics are
 // ncnnport.metrics.compare/judge (cosine and worst-row cosine along the output's feature axis,
-// max_abs against max(max_abs_rel x max|ref|, max_abs_floor), NaN/Inf always fail).
+// max_abs against max(max_abs_rel x max|ref|, max_abs_floor), NaN/Inf always fail). A derived
+// package (model.json `precision` fp16-weights / int8-weights) and any Vulkan run are judged by the
+// packaged policy's budget of that mode instead (policy.h), as the Python verify judges them.
 #pragma once
 
 #include <filesystem>
@@ -39,6 +41,9 @@ struct VerifyRow {
 
 struct VerifyResult {
     std::vector<VerifyRow> rows;
+    // The policy mode the golden rows were judged in: the package's weight precision (model.json
+    // `precision`, absent = fp32) on the chosen backend, as runtime/precision.judging_mode maps it.
+    std::string mode;
     bool passed() const;
 };
 
