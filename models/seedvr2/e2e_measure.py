@@ -38,7 +38,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ncnnport.models.seedvr2.cpp_bench import StageTimer, image
-from ncnnport.models.seedvr2.tile_measure import Progress, current_rss_bytes, default_package, peak_rss_bytes
+from ncnnport.models.seedvr2.tile_measure import (FolderGraphs, Progress, current_rss_bytes, default_package,
+                                                  peak_rss_bytes)
 
 Restore = Callable[[Any, np.ndarray, Any, int], Any]  # (backend, video, noise, area) -> host.Result
 
@@ -77,9 +78,11 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def prepare_ncnn(package: Path, threads: int, low_memory: bool) -> Prepared:
+def prepare_ncnn(package: Path, threads: int, low_memory: bool, checked: bool = True) -> Prepared:
     """The package's graphs, host tables and text embedding, as ``run seedvr2 --package``
-    opens them (graphs load on first use, inside the measured call, and stay open)."""
+    opens them (graphs load on first use, inside the measured call, and stay open).
+    ``checked=False`` skips the manifest check (``tile_measure.FolderGraphs``: a package whose
+    convert was stopped while writing its cases); the graphs and their options are the same."""
     from ncnnport.fsutil import read_json
     from ncnnport.models.seedvr2 import packaged
     from ncnnport.models.seedvr2.runner import GraphBackend
@@ -87,8 +90,9 @@ def prepare_ncnn(package: Path, threads: int, low_memory: bool) -> Prepared:
     from ncnnport.runtime.options import RuntimeOptions
 
     rt = packaged.open_packaged(package, read_json(package / "model.json"))
-    modules = LazyModules(package, options=RuntimeOptions(num_threads=threads, low_memory=low_memory))
-    return Prepared(rt.cfg, GraphBackend(rt.cfg, modules.get, trig=rt.trig),
+    options = RuntimeOptions(num_threads=threads, low_memory=low_memory)
+    get = LazyModules(package, options=options).get if checked else FolderGraphs(package, options).get
+    return Prepared(rt.cfg, GraphBackend(rt.cfg, get, trig=rt.trig),
                     lambda backend, video, noise, area: packaged.restore(rt, backend, video, noise, area))
 
 
@@ -160,7 +164,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=2, help="DiT blocks (the VAE is always whole)")
     ap.add_argument("--build-dir", type=Path, default=Path("build"))
     ap.add_argument("--package", type=Path, default=None,
-                    help="ncnn package folder (default: BUILD/seedvr2/PRESET-LK/package, made by `ncnnport convert`)")
+                    help="ncnn graphs from this package folder, opened without the manifest check "
+                         "(default: BUILD/seedvr2/PRESET-LK/package, made by `ncnnport convert`, checked)")
     ap.add_argument("--save", type=Path, default=None, help="save the frames (.npy) for a later --compare")
     ap.add_argument("--compare", type=Path, default=None, help="an earlier --save (the other runtime's frames)")
     ap.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no package at {package}: run `ncnnport convert seedvr2 --preset {args.preset} "
                   f"--layers {args.layers}` first, or pass --package", file=sys.stderr)
             return 2
-        prepared = prepare_ncnn(package, args.threads, args.low_memory)
+        prepared = prepare_ncnn(package, args.threads, args.low_memory, checked=args.package is None)
     else:
         prepared = prepare_torch(args.preset, args.layers, args.threads)
     rec, frames = measure(prepared, spec, image(height, width), args.seed)
