@@ -75,6 +75,11 @@ class Progress:
               f"{time.perf_counter() - self.t0:.0f} s in all", file=sys.stderr, flush=True)
         return out
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (the DiT, ``host_dtype``) is the wrapped backend's: an end-to-end
+        run (``e2e_measure``) reports its VAE tiles through the same wrapper."""
+        return getattr(self.inner, name)
+
     def encode(self, x: np.ndarray) -> Any:
         return self._timed(lambda: self.inner.encode(x))
 
