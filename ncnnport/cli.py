@@ -570,7 +570,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                         "transformers, never rebuilt; --preset/--ckpt/--layers are ignored")
     p.add_argument("--low-memory", action="store_true",
                    help="graphs marked release_after_call (e.g. the SeedVR2 VAE) return their activation "
-                        "memory after each call: peak = the largest such graph, not their sum; slower")
+                        "memory after each call: peak = the largest such graph, not their sum; a pipeline "
+                        "with stages (SeedVR2: encode, DiT, decode) also closes each stage's graphs once it "
+                        "is done; slower")
     _precision_option(p)
     if run_model is not None:
         get_port(run_model).add_run_arguments(p.add_argument_group(f"{run_model} options"))

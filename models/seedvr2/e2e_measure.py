@@ -11,8 +11,9 @@ average, and the frames' distance to ``--compare`` (the other runtime's ``--save
 model's fp32 frames gate.
 
 * ``--runtime ncnn``: the converted package as ``ncnnport run seedvr2 --package`` drives it
-  (``LazyModules``: each graph opened on first use and kept; numpy host ops; the package's text
-  embedding and tables; ``--low-memory`` as the run verb's). torch is never imported.
+  (``LazyModules``: each graph opened on first use; numpy host ops; the package's text
+  embedding and tables; ``--low-memory`` as the run verb's: pools emptied after each VAE call and
+  each stage's graphs closed when it is done). torch is never imported.
 * ``--runtime torch``: the fp32 reference (``TorchBackend``, materialised before the clock)
   with torch's host ops.
 
@@ -80,7 +81,8 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def prepare_ncnn(package: Path, threads: int, low_memory: bool, checked: bool = True) -> Prepared:
     """The package's graphs, host tables and text embedding, as ``run seedvr2 --package``
-    opens them (graphs load on first use, inside the measured call, and stay open).
+    opens them (graphs load on first use, inside the measured call; kept open, or with
+    ``low_memory`` closed stage by stage).
     ``checked=False`` skips the manifest check (``tile_measure.FolderGraphs``: a package whose
     convert was stopped while writing its cases); the graphs and their options are the same."""
     from ncnnport.fsutil import read_json
@@ -91,8 +93,10 @@ def prepare_ncnn(package: Path, threads: int, low_memory: bool, checked: bool = 
 
     rt = packaged.open_packaged(package, read_json(package / "model.json"))
     options = RuntimeOptions(num_threads=threads, low_memory=low_memory)
-    get = LazyModules(package, options=options).get if checked else FolderGraphs(package, options).get
-    return Prepared(rt.cfg, GraphBackend(rt.cfg, get, trig=rt.trig),
+    graphs = LazyModules(package, options=options) if checked else FolderGraphs(package, options)
+    # as the run verb: under --low-memory each stage's graphs close when the stage is done
+    backend = GraphBackend(rt.cfg, graphs.get, graphs.release, trig=rt.trig, release_stages=low_memory)
+    return Prepared(rt.cfg, backend,
                     lambda backend, video, noise, area: packaged.restore(rt, backend, video, noise, area))
 
 

@@ -181,6 +181,19 @@ class Backend(Protocol):
         """(1, 16, t, h, w) -> (1, 3, T, H, W)."""
 
 
+STAGES = ("encode", "dit", "decode")
+
+
+def stage_done(backend: Any, stage: str) -> None:
+    """Tell ``backend`` that ``stage`` (one of :data:`STAGES`) will not be called again in this
+    restore, after all its calls (every tile of a tiled VAE): a backend that frees memory per
+    stage (``runner.GraphBackend`` under ``--low-memory``) closes that stage's graphs; others
+    need not implement it."""
+    done = getattr(backend, "stage_done", None)
+    if done is not None:
+        done(stage)
+
+
 @dataclass
 class Result:
     frames: np.ndarray                       # uint8 (T, H, W, 3), padding frames removed
@@ -212,6 +225,7 @@ def restore(cfg: Any, backend: Backend, video: np.ndarray, txt: np.ndarray, nois
     if noise.x_T.shape != lat_shape:
         raise ValueError(f"x_T noise {noise.x_T.shape}, latent is {lat_shape}")
     mean, logvar = backend.encode(x[None])
+    stage_done(backend, "encode")
     stages["posterior_mean"], stages["posterior_logvar"] = mean, logvar
     latent = rnd(posterior_latent(mean, logvar, noise, cfg.vae.scaling_factor))   # (16, t, h, w)
     stages["latent"] = latent
@@ -220,11 +234,13 @@ def restore(cfg: Any, backend: Backend, video: np.ndarray, txt: np.ndarray, nois
     mask = np.ones(lq.shape[:3] + (1,), dtype=np.float32)
     cond = np.ascontiguousarray(np.concatenate([x_T, lq, mask], axis=-1), dtype=np.float32)
     v = backend.dit(cond, np.ascontiguousarray(txt, dtype=np.float32), cfg.timestep, stages)
+    stage_done(backend, "dit")
     # Linear-interpolation schedule, velocity prediction, one Euler step from t = T to 0.
     x0 = rnd((x_T - v * (cfg.timestep / cfg.schedule_T)).astype(np.float32))
     stages["x0"] = x0
     z = rnd(np.ascontiguousarray((x0 / cfg.vae.scaling_factor).transpose(3, 0, 1, 2)[None], dtype=np.float32))
     dec = backend.decode(z)[0]            # unclipped: the official colour-fixes, then clips
+    stage_done(backend, "decode")
     stages["decoded"] = dec
     if colour_fix:
         dec = ops.colour_fix(dec, x)

@@ -190,18 +190,21 @@ def default_area(cfg: Any, h: int, w: int) -> int:
     return REAL_AREA if full_width(cfg) else min(h * w, TINY_MAX_AREA)
 
 
-def graph_backend_for(cfg: Any, modules: Mapping[str, Any], streamed: bool = False, trig: Any = None):
+def graph_backend_for(cfg: Any, modules: Mapping[str, Any], streamed: bool = False, trig: Any = None,
+                      release_stages: bool = False):
     """(backend, runners): the pipeline backend over ``modules`` and the runner lifecycle it
     opens and releases through (``modules`` itself when it is one, the run verb's and the
     parity driver's ``LazyModules``; else a view over the open graphs). Streamed: each DiT
     block graph is opened right before its call and released right after. ``trig``: the RoPE
-    and timestep tables' source (default torch's functions; a package's lookup tables)."""
+    and timestep tables' source (default torch's functions; a package's lookup tables).
+    ``release_stages``: each pipeline stage's graphs are released when it is done (``--low-memory``)."""
     from ncnnport.models.seedvr2.runner import GraphBackend
     from ncnnport.runtime.lazy_modules import Runners
 
     runners = modules if isinstance(modules, Runners) else Runners.over(modules)
-    release = runners.release if streamed else None
-    return GraphBackend(cfg, runners.get, release, streamed=streamed, trig=trig), runners
+    release = runners.release if streamed or release_stages else None
+    return GraphBackend(cfg, runners.get, release, streamed=streamed, trig=trig,
+                        release_stages=release_stages), runners
 
 
 def noise_line(noise: Any, source: Path | None) -> str:
@@ -646,7 +649,8 @@ class SeedVR2Port(KitPort):
         precision = _options_of(modules).label  # the CLI's --precision, applied when it opened them
         video = read_frames(args.input)
         area = args.area or default_area(cfg, video.shape[1], video.shape[2])
-        backend, runners = graph_backend_for(cfg, modules, streamed=args.residency == "streamed", trig=trig)
+        backend, runners = graph_backend_for(cfg, modules, streamed=args.residency == "streamed", trig=trig,
+                                             release_stages=_options_of(modules).low_memory)
         spec = run_tile_spec(args, cfg.vae.spatial_factor)
         if spec is not None:
             print(f"note: {spec.describe()}", file=sys.stderr)

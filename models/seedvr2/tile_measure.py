@@ -123,6 +123,10 @@ class FolderGraphs:
                                          self.folder / "ncnn" / f"{name}.ncnn.bin", spec, self.options)
         return self.open[name]
 
+    def release(self, name: str) -> None:
+        """Close graph ``name`` (as ``Runners.release``; a later ``get`` reopens it)."""
+        self.open.pop(name, None)
+
 
 def stage_call(backend: Any, stage: str, x: np.ndarray, z: np.ndarray) -> Callable[[], np.ndarray]:
     if stage == "decode":
