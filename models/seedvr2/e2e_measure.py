@@ -28,7 +28,6 @@ torch stream would import torch into the ncnn process and count its libraries in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -39,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ncnnport.models.seedvr2.cpp_bench import StageTimer, image
-from ncnnport.models.seedvr2.tile_measure import (FolderGraphs, Progress, current_rss_bytes, default_package,
+from ncnnport.models.seedvr2.tile_measure import (FolderGraphs, Progress, emit, current_rss_bytes, default_package,
                                                   peak_rss_bytes)
 
 Restore = Callable[[Any, np.ndarray, Any, int], Any]  # (backend, video, noise, area) -> host.Result
@@ -211,11 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    line = json.dumps(rec)
-    print(line)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(line + "\n")
+    emit(rec, args.json)
     return 0
 
 

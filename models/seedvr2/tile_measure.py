@@ -128,6 +128,15 @@ class FolderGraphs:
         self.open.pop(name, None)
 
 
+def emit(rec: dict[str, Any], path: Path | None) -> None:
+    """The measurement's one JSON line on stdout, and in ``path`` (``--json``) when given."""
+    line = json.dumps(rec)
+    print(line)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(line + "\n")
+
+
 def stage_call(backend: Any, stage: str, x: np.ndarray, z: np.ndarray) -> Callable[[], np.ndarray]:
     if stage == "decode":
         return lambda: backend.decode(z)
@@ -194,11 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         d = np.abs(ref.astype(np.float64) - out)
         rec["vs"] = {"file": str(args.compare), "max_abs": float(d.max()), "mean_abs": float(d.mean()),
                      "ref_absmax": float(np.abs(ref).max())}
-    line = json.dumps(rec)
-    print(line)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(line + "\n")
+    emit(rec, args.json)
     return 0
 
 
