@@ -314,9 +314,9 @@ def int8_package(src: Path, out: Path, block: int = DEFAULT_BLOCK) -> dict[str, 
     """Write ``out`` (a new folder): a copy of the fp32 package ``src`` with every graph's
     matrix-vector InnerProducts in int8 (:func:`rewrite_graph`), ``model.json``'s ``precision``
     set to ``int8-weights``, the manifest re-hashed and the rewrite's receipts added to its
-    commands. A graph with variants (param files sharing its ``.bin``) is rewritten with them when every variant reads the ``.bin`` as the base does
-    (:func:`shares_layout`); otherwise it is copied unchanged (a new ``.bin`` layout would break
-    the variants)."""
+    commands. A graph with variants (param files sharing its ``.bin``) is rewritten with them
+    when every variant reads the ``.bin`` as the base does (:func:`shares_layout`); otherwise it
+    is copied unchanged (a new ``.bin`` layout would break the variants)."""
     from ncnnport.fsutil import read_json
     from ncnnport.package.golden import golden_path, read_golden
     from ncnnport.package.manifest import write_manifest
