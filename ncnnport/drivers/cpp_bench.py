@@ -316,7 +316,7 @@ def torch_device_problem(port: ModelPort, device: str) -> str | None:
     torch must see the device (``device_bench.device_missing``, the rule of ``bench --perf``)."""
     from ncnnport.drivers.device_bench import device_missing
 
-    served = tuple(getattr(port, "cpp_bench_torch_devices", ("cpu",)))
+    served = tuple(port.cpp_bench_torch_devices)
     if device.split(":", 1)[0] not in served:
         return f"model {port.name}: its bench-cpp torch loop runs on {', '.join(served)} only, not {device}"
     return device_missing(device)
