@@ -12,6 +12,7 @@ they know about a model is in these records.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -23,8 +24,10 @@ Dim = int | str  # a fixed size, the name of a dynamic axis, or "axis+K" (e.g. "
 _AXIS_RE = re.compile(r"([a-z_][a-z0-9_]*)(?:\+(\d+))?")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_axis(dim: str) -> tuple[str, int]:
-    """``"past+1"`` -> ``("past", 1)``; ``"seq"`` -> ``("seq", 0)``."""
+    """``"past+1"`` -> ``("past", 1)``; ``"seq"`` -> ``("seq", 0)``. Cached: every graph call
+    of a decode loop parses the same few axis names of its specs."""
     m = _AXIS_RE.fullmatch(dim)
     if not m:
         raise ValueError(f"bad axis expression {dim!r}: use a name or name+K")
