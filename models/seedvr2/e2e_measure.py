@@ -94,7 +94,8 @@ def prepare_ncnn(package: Path, threads: int, low_memory: bool, checked: bool = 
     options = RuntimeOptions(num_threads=threads, low_memory=low_memory)
     graphs = LazyModules(package, options=options) if checked else FolderGraphs(package, options)
     # as the run verb: under --low-memory each stage's graphs close when the stage is done
-    backend = GraphBackend(rt.cfg, graphs.get, graphs.release, trig=rt.trig, release_stages=low_memory)
+    backend = GraphBackend(rt.cfg, graphs.get, graphs.release, trig=rt.trig, release_stages=low_memory,
+                           has=graphs.__contains__)
     return Prepared(rt.cfg, backend,
                     lambda backend, video, noise, area: packaged.restore(rt, backend, video, noise, area))
 

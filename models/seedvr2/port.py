@@ -204,7 +204,7 @@ def graph_backend_for(cfg: Any, modules: Mapping[str, Any], streamed: bool = Fal
     runners = modules if isinstance(modules, Runners) else Runners.over(modules)
     release = runners.release if streamed or release_stages else None
     return GraphBackend(cfg, runners.get, release, streamed=streamed, trig=trig,
-                        release_stages=release_stages), runners
+                        release_stages=release_stages, has=runners.__contains__), runners
 
 
 def noise_line(noise: Any, source: Path | None) -> str:
@@ -427,7 +427,8 @@ class SeedVR2Port(KitPort):
         txt = ref.text.numpy()
 
         def pipeline_run(modules: Mapping[str, Any]) -> None:
-            restore(ref.config, GraphBackend(ref.config, modules.__getitem__), video, txt, seed=seed, area=area)
+            restore(ref.config, GraphBackend(ref.config, modules.__getitem__, has=modules.__contains__),
+                    video, txt, seed=seed, area=area)
 
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
                                 policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),

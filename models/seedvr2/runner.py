@@ -71,6 +71,27 @@ def decode_stage_names(cfg: SeedVR2Config) -> list[str]:
     return [f"vae_decode_{k}" for k in range(len(cfg.vae.block_out_channels))]
 
 
+IMAGE_SUFFIX = "_image"
+
+
+def image_graph(name: str) -> str:
+    """The single-frame twin of VAE graph ``name`` (``vae_encode`` -> ``vae_encode_image``).
+
+    Why twins: the folded causal 3-D conv of a general graph concatenates its ``kt`` temporal
+    taps along channels, and with ONE frame every tap reads that frame (the causal padding
+    repeats frame 0), so the general graph runs ``kt`` (3) times the multiply-adds of the
+    convolution it stands for. The twin sums the taps' weights once at export
+    (``conv_fold.FoldedConv3d(single_frame=True)``): the same function at T = 1, a third of the
+    work and weights of every 3x3x3 conv. Images (T = 1) take the twins when the package has
+    them; clips take the general graphs."""
+    return name + IMAGE_SUFFIX
+
+
+def vae_graph_names(cfg: SeedVR2Config) -> list[str]:
+    """The general VAE graphs, each of which has an :func:`image_graph` twin."""
+    return ["vae_encode", *decode_stage_names(cfg)]
+
+
 def decode_stage_temporal(cfg: SeedVR2Config) -> list[bool]:
     """Whether the upsample after decoder stage k is space-time (else spatial-only)."""
     n = len(cfg.vae.block_out_channels)
@@ -134,7 +155,9 @@ class DiTGeometry:
 class GraphBackend:
     """The pipeline Backend over per-module runners.
 
-    ``get(name)`` returns a runner; ``release(name)`` frees it. With ``streamed=True`` the DiT
+    ``get(name)`` returns a runner; ``release(name)`` frees it; ``has(name)`` says whether the
+    package holds a graph without opening it (``None``: only the general graphs are used). One
+    frame (an image) runs on the VAE's :func:`image_graph` twins when ``has`` finds them. With ``streamed=True`` the DiT
     block graphs are fetched right before use and released after. With ``release_stages=True``
     (``run --low-memory``) the graphs of a pipeline stage are released once the stage is done
     (:meth:`stage_done`): at 720p the process otherwise held the encoder's, the DiT's and the
@@ -144,17 +167,19 @@ class GraphBackend:
 
     def __init__(self, cfg: SeedVR2Config, get: Callable[[str], Runner],
                  release: Callable[[str], None] | None = None, streamed: bool = False,
-                 trig: Trig | None = None, release_stages: bool = False) -> None:
+                 trig: Trig | None = None, release_stages: bool = False,
+                 has: Callable[[str], bool] | None = None) -> None:
         self.cfg, self.get, self.release, self.streamed = cfg, get, release, streamed
+        self.has = has
         self.release_stages = release_stages
         self.geometry = DiTGeometry(cfg, trig)
 
     def stage_graphs(self, stage: str) -> list[str]:
         """The graph names pipeline ``stage`` (``host.STAGES``) runs."""
         if stage == "encode":
-            return ["vae_encode"]
+            return self._with_twins(["vae_encode"])
         if stage == "decode":
-            return decode_stage_names(self.cfg)
+            return self._with_twins(decode_stage_names(self.cfg))
         if stage == "dit":
             return ["dit_input", "dit_embedding", "dit_attention", "dit_output",
                     *(name for i in range(self.cfg.dit.num_layers) for name in block_names(i))]
@@ -166,15 +191,27 @@ class GraphBackend:
             for name in self.stage_graphs(stage):
                 self.release(name)
 
+    def _with_twins(self, names: list[str]) -> list[str]:
+        return names + [image_graph(n) for n in names if self.has is not None and self.has(image_graph(n))]
+
+    def vae_graph(self, name: str, frames: int) -> str:
+        """The graph that runs VAE graph ``name`` on ``frames`` frames: its image twin for one
+        frame when the package has it, else ``name``."""
+        if frames == 1 and self.has is not None and self.has(image_graph(name)):
+            return image_graph(name)
+        return name
+
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mean, logvar = self.get("vae_encode").run([np.ascontiguousarray(x, dtype=np.float32)])
+        name = self.vae_graph("vae_encode", x.shape[2])
+        mean, logvar = self.get(name).run([np.ascontiguousarray(x, dtype=np.float32)])
         return mean, logvar
 
     def decode(self, z: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(z, dtype=np.float32)
         names, temporal = decode_stage_names(self.cfg), decode_stage_temporal(self.cfg)
+        frames = x.shape[2]  # every stage keeps one frame when the latent has one (2f-1 = 1)
         for k, name in enumerate(names):
-            x = self.get(name).run([x])[0]
+            x = self.get(self.vae_graph(name, frames)).run([x])[0]
             if k < len(temporal):
                 x = depth_to_space(x, temporal[k])
         return x

@@ -4,6 +4,8 @@ Graphs (N video tokens, L text tokens, S = window tokens + L; T/H/W pixel frames
 latent or decoder-internal frames/size):
   vae_encode           x (1,3,T,H,W) -> mean, logvar (1,16,t,h,w)        dynamic T, H, W
   vae_decode_k         decoder segment k (k = 0..3); host depth-to-space in between
+  vae_*_image          the single-frame twin of each VAE graph (T = 1 fixed, temporal taps
+                       summed: a third of the conv work; runner.image_graph)
   dit_input            (1,N,132), (1,L,txt_in) -> (1,N,D), (1,L,D)
   dit_embedding        sinusoid (1,256) -> emb6 (1,6,D)
   dit_block_XX_pre     norm/modulation/QKV/QK-norm/RoPE of block XX (weights per block)
@@ -26,6 +28,7 @@ one graph's weights at a time.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -37,7 +40,8 @@ from ncnnport.lazy_weights import TensorsSource, WeightSource
 from ncnnport.models.seedvr2.lazy import TEXT
 from ncnnport.models.seedvr2 import wrappers as W
 from ncnnport.models.seedvr2.config import DiTConfig, SeedVR2Config
-from ncnnport.models.seedvr2.runner import block_names, decode_stage_names, decode_stage_temporal
+from ncnnport.models.seedvr2.runner import (block_names, decode_stage_names, decode_stage_temporal,
+                                            image_graph, vae_graph_names)
 
 CHANNELS = 1  # the channel axis of a (B, C, T, H, W) video tensor
 
@@ -102,6 +106,8 @@ def spec_parts(cfg: SeedVR2Config) -> dict[str, Parts]:
     out: dict[str, Parts] = {"vae_encode": ("vae", ["encoder"])}
     for k, name in enumerate(decode_stage_names(cfg)):
         out[name] = ("vae", decode_parts(cfg, k))
+    for name in vae_graph_names(cfg):  # an image twin reads its general graph's weights
+        out[image_graph(name)] = out[name]
     out["dit_input"] = ("dit", ["vid_in", "txt_in"])
     out["dit_embedding"] = ("dit", ["emb_in"])
     out["dit_attention"] = ("dit", [])
@@ -286,7 +292,32 @@ def vae_specs(model: Any) -> list[ModuleSpec]:
             weights=graph_weights(parts[name]),
             notes="decoder segment; the host applies depth-to-space"
                   + ("" if last else (" with frame drop" if temporal[k] else " (spatial)")) + " after it"))
-    return specs
+    enc, decs = specs[0], specs[1:]
+    twins = [image_twin(enc, "t", _builder(model, image_graph(enc.name), parts[enc.name],
+                                           lambda vae: W.VAEEncode(vae, single_frame=True)),
+                        make_inputs=lambda sizes, rng: [rng.uniform(-1, 1, (1, v.in_channels, 1, sizes["h"], sizes["w"]))
+                                                        .astype(np.float32)])]
+    twins += [image_twin(s, "f", _builder(model, image_graph(s.name), parts[s.name],
+                                          lambda vae, k=k: W.VAEDecodeStage(vae, k, single_frame=True)))
+              for k, s in enumerate(decs)]
+    return specs + twins
+
+
+def image_twin(spec: ModuleSpec, frame_axis: str, build: Callable[[], nn.Module],
+               make_inputs: Any = None) -> ModuleSpec:
+    """``spec``'s single-frame twin (``runner.image_graph``): the frame axis (dim 2 of every
+    input and output) fixed at 1, ``build`` tracing the wrapper with its temporal taps summed;
+    weights, patches, tolerances and memory hints as the general graph's."""
+    def one_frame(t: TensorSpec) -> TensorSpec:
+        return dataclasses.replace(t, shape=tuple(1 if i == 2 else d for i, d in enumerate(t.shape)))
+
+    return dataclasses.replace(
+        spec, name=image_graph(spec.name), build=build, make_inputs=make_inputs,
+        inputs=[one_frame(t) for t in spec.inputs], outputs=[one_frame(t) for t in spec.outputs],
+        axes={a: n for a, n in spec.axes.items() if a != frame_axis},
+        parity_sizes=[{a: n for a, n in sz.items() if a != frame_axis} for sz in spec.parity_sizes],
+        notes=f"{spec.name} for one frame (an image): temporal taps summed, a third of its 3x3x3 "
+              f"convs' work; {spec.notes}")
 
 
 def module_specs(model: Any) -> list[ModuleSpec]:

@@ -41,13 +41,13 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
     from ncnnport.models.seedvr2.mmrope import text_positions
     from ncnnport.models.seedvr2.pipeline import Noise, posterior_latent, preprocess, to_uint8, wavelet_color_fix
     from ncnnport.models.seedvr2.frames import image_rows, image_stats
-    from ncnnport.models.seedvr2.runner import GraphBackend, block_names, decode_stage_names, patchify_np
+    from ncnnport.models.seedvr2.runner import GraphBackend, block_names, patchify_np
     from ncnnport.models.seedvr2.vae import latent_frames
 
     cfg = model.config
     d, v = cfg.dit, cfg.vae
     ph = Phases()
-    ncnn = GraphBackend(cfg, modules.__getitem__)
+    ncnn = GraphBackend(cfg, modules.__getitem__, has=modules.__contains__)
     recs: list[dict[str, Any]] = []
     x = preprocess(video, area)
     lat = (v.latent_channels, latent_frames(x.shape[1], v.temporal_factor),
@@ -66,7 +66,8 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
 
     ref_moments = ph.run("vae_encode_torch", torch_encode)
     cand_moments = ph.run("vae_encode_ncnn", lambda: ncnn.encode(x[None]))
-    modules.release("vae_encode")
+    for name in ncnn.stage_graphs("encode"):  # the general graph and its image twin
+        modules.release(name)
     noise = Noise.seeded(lat, seed)  # the official draws: posterior sampled, then x_T
     extra["noise"] = noise.record()
     ref_lat = posterior_latent(*ref_moments, noise, v.scaling_factor)
@@ -154,7 +155,7 @@ def streamed_parity(model: Any, modules: Any, label: str, video: np.ndarray, see
 
     # unclipped: colour fix first, clip in to_uint8
     ref_dec, cand_dec = run_chain(chain, [ChainStage(
-        "decoded", torch_decode, lambda z: ncnn.decode(z)[0], decode_stage_names(cfg), tol=tol_for("decoded"),
+        "decoded", torch_decode, lambda z: ncnn.decode(z)[0], ncnn.stage_graphs("decode"), tol=tol_for("decoded"),
         local_tol=local_tol, phase="vae_decode")], z_of(ref_out), z_of(cand_out))
     n_in = video.shape[0]
     ref_frames = to_uint8(wavelet_color_fix(ref_dec, x))[:n_in]

@@ -99,7 +99,8 @@ def vae_backend(runtime: str, stage: str, reference: Any, threads: int, low_memo
     from ncnnport.runtime.options import RuntimeOptions
 
     options = RuntimeOptions(num_threads=threads, low_memory=low_memory)
-    return GraphBackend(reference.config, FolderGraphs(package, options).get)
+    graphs = FolderGraphs(package, options)
+    return GraphBackend(reference.config, graphs.get, has=graphs.__contains__)
 
 
 def default_package(build_dir: Path, preset: str, layers: int | None) -> Path:
@@ -126,6 +127,10 @@ class FolderGraphs:
     def release(self, name: str) -> None:
         """Close graph ``name`` (as ``Runners.release``; a later ``get`` reopens it)."""
         self.open.pop(name, None)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the folder holds graph ``name`` (without opening it)."""
+        return (self.folder / "specs" / f"{name}.spec.json").is_file()
 
 
 def emit(rec: dict[str, Any], path: Path | None) -> None:

@@ -281,11 +281,12 @@ def mid_block(m: MidBlock3D, x: torch.Tensor) -> torch.Tensor:
 class VAEEncode(nn.Module):
     """(1, 3, T, H, W) in [-1, 1] -> posterior mean, clamped logvar (1, 16, t, h, w)."""
 
-    def __init__(self, vae: VideoAutoencoderKL, fold: bool = True) -> None:
+    def __init__(self, vae: VideoAutoencoderKL, fold: bool = True, single_frame: bool = False) -> None:
         super().__init__()
         # 3-D convs as 2-D convs (ncnn Convolution, not its unoptimised x86 Convolution3D): a
-        # structural copy over the same Parameters, so the reference model keeps its Conv3d
-        self.enc = fold_convs(vae.encoder, inplace=False) if fold else vae.encoder
+        # structural copy over the same Parameters, so the reference model keeps its Conv3d.
+        # single_frame: the image twin (runner.image_graph), temporal taps summed
+        self.enc = fold_convs(vae.encoder, inplace=False, single_frame=single_frame) if fold else vae.encoder
         self.cfg = vae.cfg
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,7 +312,7 @@ class VAEDecodeStage(nn.Module):
     carries only its own weights.
     """
 
-    def __init__(self, vae: VideoAutoencoderKL, stage: int, fold: bool = True) -> None:
+    def __init__(self, vae: VideoAutoencoderKL, stage: int, fold: bool = True, single_frame: bool = False) -> None:
         super().__init__()
         d = vae.decoder
         self.stage = stage
@@ -327,7 +328,7 @@ class VAEDecodeStage(nn.Module):
             self.upscale = d.up_blocks[stage].upsamplers[0].upscale_conv
         if fold:  # as in VAEEncode: 2-D convs over the same Parameters
             for name, child in list(self.named_children()):
-                setattr(self, name, fold_convs(child, inplace=False))
+                setattr(self, name, fold_convs(child, inplace=False, single_frame=single_frame))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv_in(x)

@@ -105,7 +105,8 @@ def python_loop(package: Path, video: np.ndarray, noise_npz: Path, area: int) ->
     text = np.load(package / model["files"]["text_embedding"], allow_pickle=False)
     with np.load(noise_npz, allow_pickle=False) as nz:
         noise = Noise(x_T=nz["x_T"], posterior=nz["posterior"] if "posterior" in nz else None)
-    backend = GraphBackend(cfg, lambda n: graphs[n] if n in graphs else graphs.setdefault(n, get(n)))
+    backend = GraphBackend(cfg, lambda n: graphs[n] if n in graphs else graphs.setdefault(n, get(n)),
+                           has=lambda n: (package / "specs" / f"{n}.spec.json").is_file())
     return restore(cfg, backend, video, text, noise, area=area)
 
 
@@ -184,6 +185,9 @@ def test_cpp_frames_match_the_python_ncnn_loop(seedvr2_exe, package, tmp_path):
             ok, why = stage_verdict(package, stage, py.stages[stage], cpp["stages"][stage])
             assert ok, f"{case.name} {stage}: {why}"
         assert cpp["frames"].shape == py.frames.shape
+        # an image runs the VAE's single-frame twins (taps summed: a third of the conv work)
+        vae = [g for g in cpp["json"]["graphs"] if g.startswith("vae_")]
+        assert vae == ["vae_encode_image"] + [f"vae_decode_{k}_image" for k in range(4)], vae
         ok, stats = frames_verdict(package, py.frames, cpp["frames"])
         print(f"{case.name}: C++ vs Python ncnn loop frames: max {stats['image_max_abs']} level(s), "
               f"{stats['differing_bytes']} of {stats['total_bytes']} bytes differ, PSNR {stats['psnr_db']:.1f} dB")
@@ -233,8 +237,11 @@ def test_cpp_frame_folder_matches_the_python_ncnn_loop(seedvr2_exe, package, tmp
     noise = tmp_path / "noise.npz"
     np.savez(noise, x_T=rng.standard_normal(lat).astype(np.float32), posterior=rng.standard_normal(lat).astype(np.float32))
     res = run_cpp(seedvr2_exe, "--package", package, "--input", folder, "--output", tmp_path / "out",
-                  "--noise", noise, "--area", str(h * w), "--dump-stages", tmp_path / "s")
+                  "--noise", noise, "--area", str(h * w), "--dump-stages", tmp_path / "s",
+                  "--json-out", tmp_path / "run.json")
     assert res.returncode == 0, res.stderr
+    graphs = json.loads((tmp_path / "run.json").read_text())["graphs"]
+    assert "vae_encode" in graphs and not any(g.endswith("_image") for g in graphs), graphs  # a clip
     out = np.stack([np.asarray(Image.open(p)) for p in sorted((tmp_path / "out").glob("frame_*.png"))])
     py = python_loop(package, video, noise, h * w)
     assert out.shape == py.frames.shape == (3, h, w, 3)

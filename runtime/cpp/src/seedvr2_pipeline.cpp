@@ -104,8 +104,15 @@ Graph& Pipeline::graph(const std::string& name, Timings* timings) {
         const auto t0 = Clock::now();
         it = graphs_.emplace(name, std::make_unique<Graph>(package_, name, options_)).first;
         timings->seconds["load_graphs"] += since(t0);
+        timings->graphs.push_back(name);
     }
     return *it->second;
+}
+
+std::string Pipeline::vae_graph(const std::string& name, int64_t frames) const {
+    const std::string twin = name + "_image";
+    if (frames == 1 && std::filesystem::is_regular_file(package_ / "specs" / (twin + ".spec.json"))) return twin;
+    return name;
 }
 
 Tensor Pipeline::dit(const Tensor& cond, Timings* timings, const Perturb& perturb) {
@@ -146,9 +153,10 @@ Tensor Pipeline::dit(const Tensor& cond, Timings* timings, const Perturb& pertur
 
 Tensor Pipeline::decode(const Tensor& z, Timings* timings) {
     StageClock clock(timings);
-    Tensor x = z;
+    Tensor x = z;  // (1, C, f, h, w); one frame stays one through every stage (2f - 1 = 1)
+    const int64_t frames = x.shape.at(2);
     for (int k = 0; k < cfg_.decode_stages; ++k) {
-        const std::string name = "vae_decode_" + std::to_string(k);
+        const std::string name = vae_graph("vae_decode_" + std::to_string(k), frames);
         x = graph(name, timings).run({{"x", &x}})[0];
         release(name);
         if (k < cfg_.decode_stages - 1) x = depth_to_space(x, cfg_.decode_temporal(k));
@@ -183,8 +191,9 @@ Frames Pipeline::restore(const Frames& input, const Noise& noise, int64_t area, 
     StageClock encode_clock(timings);
     Tensor batch = x;
     batch.shape.insert(batch.shape.begin(), 1);
-    auto moments = graph("vae_encode", timings).run({{"x", &batch}});
-    release("vae_encode");
+    const std::string encoder = vae_graph("vae_encode", batch.shape.at(2));
+    auto moments = graph(encoder, timings).run({{"x", &batch}});
+    release(encoder);
     dump("posterior_mean", moments[0]);
     dump("posterior_logvar", moments[1]);
     encode_clock.stop("vae_encode");

@@ -14,6 +14,7 @@ from ncnnport.models.seedvr2 import model as M
 from ncnnport.models.seedvr2 import specs as S
 from ncnnport.models.seedvr2.config import REAL, TINY
 from ncnnport.models.seedvr2.port import PORT
+from ncnnport.models.seedvr2.runner import IMAGE_SUFFIX, image_graph, vae_graph_names
 
 torch.set_num_threads(1)
 
@@ -32,7 +33,7 @@ def test_real_preset_is_lazy_and_truncated(real_l2) -> None:
     assert isinstance(ref, lazy.LazySeedVR2) and ref.config.dit.num_layers == 2
     assert real_l2.config["dit"]["vid_dim"] == 2560 and "real" in PORT.presets and PORT.supports_layers
     specs = _specs(ref)
-    assert len(specs) == 5 + 3 + 2 * 2 + 1
+    assert len(specs) == 5 + 5 + 3 + 2 * 2 + 1  # VAE graphs, their image twins, DiT
     # block 1 is the truncated model's last block: video-only post graph, unmodulated text
     assert [t.name for t in specs["dit_block_01_post"].inputs] == ["vid", "emb6", "attn_v"]
     assert "text normalised, not modulated" in specs["dit_block_01_pre"].notes
@@ -42,7 +43,7 @@ def test_real_preset_is_lazy_and_truncated(real_l2) -> None:
 
 
 @pytest.mark.parametrize("name", ["dit_block_01_pre", "dit_block_01_post", "dit_input", "dit_output",
-                                  "vae_decode_3"])
+                                  "vae_decode_3", "vae_decode_3_image"])
 def test_real_graph_build_reads_only_its_own_tensors(real_l2, name) -> None:
     ref = real_l2.reference
     root, parts = S.spec_parts(ref.config)[name]
@@ -71,13 +72,17 @@ def test_real_split_reads_every_tensor_exactly_once() -> None:
     consumed)."""
     for layers in (None, 3):
         model = lazy.seeded(PORT.truncate(REAL, layers), 0)
-        names = [n for root, parts in S.spec_parts(model.config).values() if parts
-                 for n in model.view_names(root, parts)]
+        table = S.spec_parts(model.config)
+        general = {g: p for g, p in table.items() if not g.endswith(IMAGE_SUFFIX)}
+        # an image twin reads exactly its general graph's tensors (taps summed at export)
+        assert {g: p for g, p in table.items() if g.endswith(IMAGE_SUFFIX)} == {
+            image_graph(g): general[g] for g in vae_graph_names(model.config)}
+        names = [n for root, parts in general.values() if parts for n in model.view_names(root, parts)]
         assert len(names) == len(set(names))
         unread = set(model.expected_shapes()) - set(names) - {lazy.TEXT}
         if layers is None:
             assert not unread
-            total = sum(S.module_weight_bytes(model).values())
+            total = sum(b for g, b in S.module_weight_bytes(model).items() if g in general)
             assert total == 4 * (3_391_475_776 + 250_648_227)
         else:
             assert unread == {"dit.blocks.2.attn.proj_out.txt.weight", "dit.blocks.2.attn.proj_out.txt.bias"}

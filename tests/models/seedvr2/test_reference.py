@@ -230,7 +230,8 @@ def test_real_split_is_declared_without_weights() -> None:
     with torch.device("meta"):
         dit, vae = NaDiT(REAL.dit), VideoAutoencoderKL(REAL.vae)
     specs = {s.name: s for s in module_specs(M.SeedVR2(REAL, dit, vae, torch.empty(58, 5120, device="meta")))}
-    assert len(specs) == 5 + 3 + 2 * 32 + 1
+    assert len(specs) == 5 + 5 + 3 + 2 * 32 + 1  # VAE graphs, their image twins, DiT
+    assert specs["vae_decode_3_image"].inputs[0].shape == (1, 256, 1, "h", "w")
     pre, post = specs["dit_block_31_pre"], specs["dit_block_31_post"]
     assert [t.shape for t in pre.inputs[:3]] == [(1, "n", 2560), (1, "l", 2560), (1, 6, 2560)]
     assert pre.outputs[0].shape == (1, "n", 20, 128) and pre.inputs[3].shape == (1, "n", 128)

@@ -129,6 +129,47 @@ def test_split_pipeline_equals_reference(tiny, runners, shape) -> None:
     assert np.array_equal(b.frames, c.frames) and not live and len(loaded) == 8
 
 
+@pytest.mark.parametrize("shape,twins", [((1, 256, 448, 3), True), ((9, 64, 96, 3), False)])
+def test_image_twins_run_single_frames_only(tiny, runners, shape, twins) -> None:
+    """An image (T = 1) runs the VAE's single-frame twins (temporal taps summed) and reproduces
+    the reference pipeline; a clip keeps the general graphs."""
+    specs, run = runners
+    used: list[str] = []
+
+    def get(name):
+        used.append(name)
+        return run[name]
+
+    rng = np.random.default_rng(5)
+    video = rng.integers(0, 256, shape, dtype=np.uint8)
+    txt = tiny.text.numpy()
+    a = restore(tiny.config, TorchBackend(tiny.dit, tiny.vae), video, txt, seed=3)
+    b = restore(tiny.config, GraphBackend(tiny.config, get, has=specs.__contains__), video, txt, seed=3)
+    vae_used = [n for n in used if n.startswith("vae_")]
+    assert len(vae_used) == 5 and all(n.endswith("_image") for n in vae_used) == twins, vae_used
+    assert twins or not any(n.endswith("_image") for n in vae_used)
+    for k in ("latent", "decoded"):
+        ref = a.stages[k]
+        assert np.abs(ref - b.stages[k]).max() <= 1e-5 * max(1.0, np.abs(ref).max()), k
+    assert np.abs(a.frames.astype(int) - b.frames.astype(int)).max() <= 1
+
+
+def test_image_twins_hold_a_third_of_the_temporal_conv_weights(runners) -> None:
+    """Every 3x3x3 causal conv of a twin is one 3x3 conv over Cin channels (taps summed), not
+    over 3 x Cin (taps concatenated): the traced wrapper's conv weights shrink accordingly."""
+    specs, _ = runners
+    for name in ("vae_encode", "vae_decode_0", "vae_decode_3"):
+        general = specs[name].build()
+        twin = specs[name + "_image"].build()
+        wg = [m.weight_2d().shape for m in general.modules() if hasattr(m, "weight_2d")]
+        wt = [m.weight_2d().shape for m in twin.modules() if hasattr(m, "weight_2d")]
+        assert len(wg) == len(wt) > 0
+        for g, t in zip(wg, wt):
+            kt = g[1] // t[1]
+            assert g[0] == t[0] and g[2:] == t[2:] and kt in (1, 3) and g[1] == kt * t[1]
+        assert any(g[1] == 3 * t[1] for g, t in zip(wg, wt))
+
+
 def test_one_step_and_explicit_noise(tiny) -> None:
     """x0 = x_T - v at t = 1000; the posterior mean is used when the noise carries no posterior draw."""
     class Zero(TorchBackend):

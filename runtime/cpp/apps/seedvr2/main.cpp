@@ -245,7 +245,7 @@ int run(const Args& a) {
                               {"frames", frames},
                               {"noise", {{"sha256", noise_sha256(noise)}, {"shape", noise.x_T.shape},
                                          {"posterior", noise.posterior ? "sample" : "mean"}}},
-                              {"seconds", timings.seconds}};
+                              {"seconds", timings.seconds}, {"graphs", timings.graphs}};
         std::ofstream js(a.json_out);
         js << doc.dump(2) << "\n";
         if (!js) throw std::runtime_error(a.json_out.string() + ": cannot write");

@@ -28,6 +28,7 @@ struct Noise {
 
 struct Timings {
     std::map<std::string, double> seconds;  // host steps, graph loads, graph runs, total
+    std::vector<std::string> graphs;        // the graphs loaded, in load order (the run's JSON)
 };
 
 // Variations of the loop used by the tests to prove they would catch a broken runtime:
@@ -57,6 +58,10 @@ public:
 private:
     Graph& graph(const std::string& name, Timings* timings);
     void release(const std::string& name) { graphs_.erase(name); }
+    // The graph that runs VAE graph `name` on `frames` frames: its single-frame twin
+    // (<name>_image, temporal taps summed at export: a third of the 3x3x3 convs' work) for one
+    // frame when the package has it, else `name` (clips, and packages built before the twins).
+    std::string vae_graph(const std::string& name, int64_t frames) const;
     Tensor dit(const Tensor& cond, Timings* timings, const Perturb& perturb);
     Tensor decode(const Tensor& z, Timings* timings);
 
