@@ -142,18 +142,27 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& weights, const ncnn::Mat& 
     if (pk->weights.empty() || pk->bias.empty()) return nullptr;
     pk->bias.fill(0.f);
     if (!bias.empty()) std::memcpy(pk->bias.data, bias.data, sizeof(float) * num_output);
+    // row by row: sequential reads of the [N][K] source, writes 16 elements apart (one block's
+    // K * 16 elements stay in L2 while its 16 rows are written)
     const float* src = weights;
-    for (int b = 0; b < pk->blocks; ++b) {
-        for (int k = 0; k < num_input; ++k) {
-            const size_t dst = (static_cast<size_t>(b) * num_input + k) * kBlock;
-            for (int j = 0; j < kBlock; ++j) {
-                const int o = b * kBlock + j;
-                const float v = o < num_output ? src[static_cast<size_t>(o) * num_input + k] : 0.f;
-                if (fp16) static_cast<unsigned short*>(pk->weights.data)[dst + j] = ncnn_fp16_bits(v, o, k, num_output, num_input);
-                else static_cast<float*>(pk->weights.data)[dst + j] = v;
-            }
+    for (int o = 0; o < num_output; ++o) {
+        const float* row = src + static_cast<size_t>(o) * num_input;
+        const size_t base = static_cast<size_t>(o / kBlock) * num_input * kBlock + o % kBlock;
+        if (fp16) {
+            auto* dst = static_cast<unsigned short*>(pk->weights.data) + base;
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = ncnn_fp16_bits(row[k], o, k, num_output, num_input);
+        } else {
+            float* dst = static_cast<float*>(pk->weights.data) + base;
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = row[k];
         }
     }
+    // the padding outputs of the last block read zero weights
+    for (int o = num_output; o < pk->blocks * kBlock; ++o)
+        for (int k = 0; k < num_input; ++k) {
+            const size_t i = (static_cast<size_t>(o / kBlock) * num_input + k) * kBlock + o % kBlock;
+            if (fp16) static_cast<unsigned short*>(pk->weights.data)[i] = 0;
+            else static_cast<float*>(pk->weights.data)[i] = 0.f;
+        }
     return pk;
 }
 
