@@ -126,7 +126,10 @@ def test_qwen3_asr_json_names_the_kernel_and_ids_do_not_change(built_cpp, packag
 
 
 @pytest.mark.slow
-def test_youtu_vl_json_names_the_kernel_and_ids_do_not_change(built_cpp, package, tmp_path):
+def test_youtu_vl_json_names_the_layer_and_ids_do_not_change(built_cpp, package, tmp_path):
+    """Youtu-VL's C++ decode runs the layers' pnnx Gemm graphs (its InnerProduct `.decode`
+    variants are the Python loop's fp16-storage path), so the kernel has no InnerProduct to run
+    there: the JSON says so by its count, and the ids are the built-in's."""
     exe = built_cpp(BUILD / "ncnnport-youtu-vl", "NCNNPORT_CPP_BUILD")
     pkg = package("youtu-vl")
     base = [str(exe), "--package", str(pkg), "--prompt", "Tell me a short story.", "--max-new-tokens", "24"]
@@ -134,6 +137,6 @@ def test_youtu_vl_json_names_the_kernel_and_ids_do_not_change(built_cpp, package
     builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
     if ours["timing"]["gemv"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
+    assert ours["timing"]["gemv"] == "ncnnport-avx2"
     assert builtin["timing"]["gemv"] == "ncnn" and builtin["timing"]["gemv_calls"] == 0
-    assert ours["timing"]["gemv_calls"] >= ours["timing"]["decode_steps"] > 0
     assert np.array_equal(ours["chunks"][0]["token_ids"], builtin["chunks"][0]["token_ids"])

@@ -79,7 +79,10 @@ GEMV_TARGET void gemv_blocks(const T* w, size_t block_elems, const float* bias, 
 float activate(float v, int type, const ncnn::Mat& params) {
     if (type == 1) return std::max(v, 0.f);
     if (type == 2) return v < 0.f ? v * params[0] : v;
-    if (type == 3) return v < params[0] ? params[0] : (v > params[1] ? params[1] : v);
+    if (type == 3) {
+        if (v < params[0]) v = params[0];
+        if (v > params[1]) v = params[1];
+    }
     return v;
 }
 
@@ -283,8 +286,10 @@ private:
     // The kernel's case: fp32 or fp16 float weights, no int8 or bf16, an activation it applies
     // exactly (ncnn's sigmoid / mish / hardswish go through its own math: those stay built-in).
     bool kernel_applies(const ncnn::Option& opt) const {
+        const int params_needed = activation_type_ == 2 ? 1 : (activation_type_ == 3 ? 2 : 0);
         return int8_scale_term_ == 0 && !opt.use_bf16_storage && !opt.use_vulkan_compute && activation_type_ >= 0
-               && activation_type_ <= 3 && num_output_ > 0 && weight_data_size_ % num_output_ == 0;
+               && activation_type_ <= 3 && activation_params_.w >= params_needed && num_output_ > 0
+               && weight_data_size_ > 0 && weight_data_size_ % num_output_ == 0;
     }
 
     // One fp32 row of K values: 1-D (any elempack: a packed 1-D Mat is the same flat memory) or
