@@ -7,7 +7,7 @@
 //   ncnnport-cpp tokenize TOKENIZER.json --decode [--keep-special]
 //                                              ids (whitespace separated) on stdin -> text
 //   ncnnport-cpp version                        ncnn version linked in
-//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]
+//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]
 //                                              manifest + every graph's golden vectors through
 //                                              ncnn::Net, judged as `ncnnport verify` judges
 //   ncnnport-cpp gates POLICY.json MODE MODULE  the module's per-output gates in a precision mode
@@ -41,7 +41,7 @@ int usage() {
     std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
                  "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
                  "       ncnnport-cpp version\n"
-                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan]\n"
+                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]\n"
                  "       ncnnport-cpp gates POLICY.json MODE MODULE\n";
     return 2;
 }
@@ -113,11 +113,13 @@ int cmd_version() {
 }
 
 #ifdef NCNNPORT_WITH_NCNN
-// Parse `PACKAGE [--threads N] [--vulkan]`; false on a usage error.
+// Parse `PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]`; false on a usage error.
 bool parse_verify_args(const std::vector<std::string>& args, std::string& package, ncnnport::VerifyOptions& opts) {
     for (size_t i = 0; i < args.size(); ++i) {
         if (args[i] == "--vulkan") {
             opts.vulkan = true;
+        } else if (args[i] == "--ncnn-gemv") {
+            opts.gemv = false;
         } else if (args[i] == "--threads" && i + 1 < args.size()) {
             size_t used = 0;
             try {

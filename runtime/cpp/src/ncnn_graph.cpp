@@ -2,6 +2,8 @@
 
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 
+#include "ncnnport/gemv_layer.h"
+
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -125,6 +127,16 @@ ncnn::Option fp32_options(int threads, bool vulkan) {
     return opt;
 }
 
+bool gemv_active(const GraphOptions& options) { return options.gemv && !options.vulkan && gemv_layer_supported(); }
+
+bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
+    return gemv_active(options) && register_gemv_layer(net);
+}
+
+nlohmann::json gemv_json(const GraphOptions& options) {
+    return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()}};
+}
+
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,
              const std::string& variant)
     : name_(variant.empty() ? name : name + "." + variant), net_(std::make_unique<ncnn::Net>()) {
@@ -144,6 +156,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
 #else
     if (options.vulkan) throw GraphError("--vulkan: this executable's ncnn has no Vulkan (build with make cpp VULKAN=1)");
 #endif
+    gemv_ = register_gemv_for(*net_, options);
     if (net_->load_param(param.string().c_str()) != 0) throw PackageError(param.string() + ": ncnn could not load it");
     if (net_->load_model(weights.string().c_str()) != 0) throw PackageError(weights.string() + ": ncnn could not load it");
     // Outputs are checked by extract's return code at run time (an output blob may also feed

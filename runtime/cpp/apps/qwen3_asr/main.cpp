@@ -2,8 +2,8 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE]
-//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]
+//                      [--mel-out FILE] [--ncnn-gemv]
+//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
 // cut -> per chunk: log-mel, encoder, prompt ids, greedy decode over the KV cache, official
@@ -41,6 +41,7 @@ struct Args {
     double max_chunk_seconds = -1;
     bool vulkan = false, check = true, host_kv = false;
     bool verify = false;  // the package's golden vectors instead of a transcription
+    bool gemv = true;     // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
 };
 
 using ncnnport::int_arg;
@@ -49,15 +50,15 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE]\n"
-    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan]\n";
+    "                          [--mel-out FILE] [--ncnn-gemv]\n"
+    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
 void check_verify_args(const Args& a) {
     if (a.package.empty()) throw UsageError("--verify needs --package");
     if (!a.audio.empty() || !a.language.empty() || !a.json_out.empty() || !a.mel_out.empty() || a.max_new_tokens >= 0
         || a.max_chunk_seconds > 0 || !a.check || a.host_kv)
-        throw UsageError("--verify takes only --package, --threads and --vulkan");
+        throw UsageError("--verify takes only --package, --threads, --vulkan and --ncnn-gemv");
 }
 
 Args parse_args(int argc, char** argv) {
@@ -85,6 +86,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--host-kv") a.host_kv = true;
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--verify") a.verify = true;
+        else if (flag == "--ncnn-gemv") a.gemv = false;
         else throw UsageError("unknown option " + flag);
     }
     if (a.verify) check_verify_args(a);
@@ -121,7 +123,8 @@ int run(const Args& args) {
         throw ncnnport::AudioError(args.audio + ": audio too short (" + std::to_string(wave.size())
                                    + " samples at 16000 Hz; the official features need at least 201)");
 
-    qwen3_asr::Asr asr(args.package, ncnnport::GraphOptions{args.threads, args.vulkan}, !args.host_kv);
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv};
+    qwen3_asr::Asr asr(args.package, graph_options, !args.host_kv);
     const auto& info = asr.info();
     const int max_new = args.max_new_tokens >= 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const double max_chunk = args.max_chunk_seconds > 0 ? args.max_chunk_seconds : info.max_chunk_seconds;
@@ -158,6 +161,7 @@ int run(const Args& args) {
                         {"decode_s", decode_s}, {"decode_steps", decode_steps},
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
+        out["timing"].update(ncnnport::gemv_json(graph_options));
         std::ofstream f(args.json_out, std::ios::binary);
         f << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         if (!f) throw ncnnport::IoError(args.json_out + ": could not write");
@@ -170,7 +174,7 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
     try {
         const Args args = parse_args(argc, argv);
-        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan}, "ncnnport-qwen3-asr: ");
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, args.gemv}, "ncnnport-qwen3-asr: ");
         return run(args);
     } catch (const UsageError& e) {
         std::cerr << "ncnnport-qwen3-asr: " << e.what() << "\n" << kUsage;

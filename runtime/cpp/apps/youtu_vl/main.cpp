@@ -4,6 +4,7 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
+//                     [--ncnn-gemv]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -35,6 +36,7 @@ struct Args {
     int max_new_tokens = -1;  // -1: model.json's generation.max_new_tokens
     int64_t max_patches = -1;  // -1: model.json's preprocessing.max_num_patches
     bool vulkan = false, check = true, preprocess_only = false;
+    bool gemv = true;  // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
@@ -46,7 +48,8 @@ constexpr int kMinPatches = 4;  // port.MIN_PATCHES: one 2x2 merge block
 const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
-    "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n";
+    "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
+    "                         [--ncnn-gemv]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -66,6 +69,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--max-patches") a.max_patches = int_arg(flag, value(), kMinPatches);
         else if (flag == "--vulkan") a.vulkan = true;
         else if (flag == "--no-check") a.check = false;
+        else if (flag == "--ncnn-gemv") a.gemv = false;
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {
             const std::string v = value();
@@ -144,7 +148,8 @@ int run(const Args& args) {
         return 0;
     }
 
-    youtu_vl::Vl vl(args.package, ncnnport::GraphOptions{args.threads, args.vulkan}, args.perturb);
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv};
+    youtu_vl::Vl vl(args.package, graph_options, args.perturb);
     const int max_new = args.max_new_tokens > 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const std::vector<int> ids = vl.prompt_ids(args.prompt, image ? std::optional<int>(image->num_tokens()) : std::nullopt);
     vl.check_positions(static_cast<int>(ids.size()), max_new);  // before the vision tower's work
@@ -159,13 +164,14 @@ int run(const Args& args) {
         const nlohmann::json chunk = {{"prompt_tokens", gen.prompt_tokens}, {"token_ids", gen.tokens},
                                       {"stopped_by_eos", gen.stopped_by_eos}, {"prefill_s", gen.prefill_s},
                                       {"decode_s", gen.decode_s}, {"decode_steps", gen.decode_steps}};
-        write_json(args.json_out,
-                   {{"runtime", "cpp"}, {"model", "youtu-vl"}, {"package", args.package}, {"image", image_json},
+        nlohmann::json out = {{"runtime", "cpp"}, {"model", "youtu-vl"}, {"package", args.package}, {"image", image_json},
                     {"prompt", args.prompt}, {"prompt_ids", ids}, {"text", text}, {"chunks", nlohmann::json::array({chunk})},
                     {"timing", {{"load_s", load_s}, {"preprocess_s", preprocess_s}, {"vision_s", vision_s},
                                 {"prefill_s", gen.prefill_s}, {"decode_s", gen.decode_s}, {"decode_steps", gen.decode_steps},
                                 {"decode_graph_s", gen.decode_graph_s}, {"threads", args.threads},
-                                {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}});
+                                {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
+        out["timing"].update(ncnnport::gemv_json(graph_options));
+        write_json(args.json_out, out);
     }
     return 0;
 }

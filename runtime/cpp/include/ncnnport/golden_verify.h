@@ -30,6 +30,7 @@ public:
 struct VerifyOptions {
     int threads = 1;
     bool vulkan = false;  // needs a Vulkan build; refused (BadPackage-free usage error) otherwise
+    bool gemv = true;     // GraphOptions::gemv: ncnnport's one-row InnerProduct on CPU nets
 };
 
 struct VerifyRow {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <net.h>  // ncnn
+#include <nlohmann/json.hpp>
 #if NCNN_VULKAN
 #include <command.h>  // ncnn::VkCompute
 #endif
@@ -34,7 +35,20 @@ public:
 struct GraphOptions {
     int threads = 1;
     bool vulkan = false;  // needs ncnn built with NCNN_VULKAN (make cpp VULKAN=1)
+    // One-row InnerProducts through ncnnport's multi-stream kernel (gemv_layer.h) on CPU nets
+    // where the CPU supports it; false: ncnn's built-in InnerProduct (--ncnn-gemv, for comparison).
+    bool gemv = true;
 };
+
+// True when graphs opened with `options` get the gemv overwrite: asked for, a CPU net, and a CPU
+// that supports it.
+bool gemv_active(const GraphOptions& options);
+// Registers the gemv overwrite on `net` (before load_param) when gemv_active(options); true when
+// it was registered.
+bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
+// What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), and the one-row products the
+// overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran).
+nlohmann::json gemv_json(const GraphOptions& options);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
 // before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
@@ -124,6 +138,8 @@ public:
     const ncnn::VulkanDevice* vulkan_device() const;
 #endif
     const std::string& name() const { return name_; }
+    // True when this graph's InnerProducts are ncnnport's (register_gemv_for).
+    bool gemv() const { return gemv_; }
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
     // Seconds spent inside ncnn (input + extract) over every run: the graphs' own time.
@@ -140,6 +156,7 @@ private:
     std::vector<TensorSpec> outputs_;
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;
+    bool gemv_ = false;
 };
 
 // A spec file's input/output list ("inputs" or "outputs") as TensorSpecs.

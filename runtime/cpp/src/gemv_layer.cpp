@@ -1,0 +1,401 @@
+#include "ncnnport/gemv_layer.h"
+
+#include <layer.h>
+#include <layer_type.h>
+#include <mat.h>
+#include <modelbin.h>
+#include <paramdict.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && defined(__unix__)
+#include <fcntl.h>
+#include <immintrin.h>
+#include <unistd.h>
+
+#include <cstdio>
+#define NCNNPORT_GEMV_X86 1
+#else
+#define NCNNPORT_GEMV_X86 0
+#endif
+
+namespace ncnnport {
+
+namespace {
+
+std::atomic<uint64_t> g_gemv_calls{0};
+
+#if NCNNPORT_GEMV_X86
+#define GEMV_TARGET __attribute__((target("avx2,fma,f16c")))
+
+constexpr int kBlock = 16;  // outputs per weight stream: two 8-lane accumulators
+constexpr int kStreams = 4; // blocks read at once: 4 concurrent streams, 8 accumulators
+
+// Weights of the kernel: block b holds outputs [16b, 16b + 16) as [K][16] (fp32 or fp16 bits),
+// the last block zero-padded, so one block is one long sequential stream.
+struct Packed {
+    ncnn::Mat weights;  // w = K * 16 elements, h = number of blocks
+    ncnn::Mat bias;     // blocks * 16 floats, zero-padded (zeros when the layer has no bias)
+    bool fp16 = false;
+    int num_input = 0, num_output = 0, blocks = 0;
+};
+
+GEMV_TARGET inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+GEMV_TARGET inline __m256 load8(const unsigned short* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// S blocks of 16 outputs from S concurrent streams; each output sums bias, then w[k] * x[k] in
+// k order with one fused multiply-add per term (ncnn's own order within an output).
+template <int S, typename T>
+GEMV_TARGET void gemv_blocks(const T* w, size_t block_elems, const float* bias, const float* x, int K, float* out) {
+    __m256 acc[S][2];
+    const T* p[S];
+    for (int s = 0; s < S; ++s) {
+        acc[s][0] = _mm256_loadu_ps(bias + s * kBlock);
+        acc[s][1] = _mm256_loadu_ps(bias + s * kBlock + 8);
+        p[s] = w + s * block_elems;
+    }
+    for (int k = 0; k < K; ++k) {
+        const __m256 xk = _mm256_broadcast_ss(x + k);
+        for (int s = 0; s < S; ++s) {
+            acc[s][0] = _mm256_fmadd_ps(load8(p[s]), xk, acc[s][0]);
+            acc[s][1] = _mm256_fmadd_ps(load8(p[s] + 8), xk, acc[s][1]);
+            p[s] += kBlock;
+        }
+    }
+    for (int s = 0; s < S; ++s) {
+        _mm256_storeu_ps(out + s * kBlock, acc[s][0]);
+        _mm256_storeu_ps(out + s * kBlock + 8, acc[s][1]);
+    }
+}
+
+// ncnn's activation_ss for the types the kernel applies itself (exact comparisons, no math
+// library): 0 none, 1 relu, 2 leakyrelu (slope), 3 clip (min, max).
+float activate(float v, int type, const ncnn::Mat& params) {
+    if (type == 1) return std::max(v, 0.f);
+    if (type == 2) return v < 0.f ? v * params[0] : v;
+    if (type == 3) {
+        if (v < params[0]) v = params[0];
+        if (v > params[1]) v = params[1];
+    }
+    return v;
+}
+
+// Work item `item` of the layer: the first blocks/4 items are groups of 4 blocks, the rest one
+// block each; writes its valid outputs of y.
+template <typename T>
+GEMV_TARGET void run_item(const Packed& pk, int item, const float* x, float* y, int act, const ncnn::Mat& act_params) {
+    const int groups = pk.blocks / kStreams;
+    const int first = item < groups ? item * kStreams : groups * kStreams + (item - groups);
+    const int count = item < groups ? kStreams : 1;
+    const size_t block_elems = static_cast<size_t>(pk.num_input) * kBlock;
+    const T* w = static_cast<const T*>(pk.weights.data) + first * block_elems;
+    const float* bias = static_cast<const float*>(pk.bias.data) + first * kBlock;
+    alignas(32) float out[kStreams * kBlock];
+    if (count == kStreams) gemv_blocks<kStreams>(w, block_elems, bias, x, pk.num_input, out);
+    else gemv_blocks<1>(w, block_elems, bias, x, pk.num_input, out);
+    const int o0 = first * kBlock;
+    const int n = std::min(count * kBlock, pk.num_output - o0);
+    for (int i = 0; i < n; ++i) y[o0 + i] = activate(out[i], act, act_params);
+}
+
+// y = W x + b over every work item, OpenMP over items (ncnn's thread count).
+template <typename T>
+void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
+    const int items = pk.blocks / kStreams + pk.blocks % kStreams;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int i = 0; i < items; ++i) run_item<T>(pk, i, x, y, act, act_params);
+}
+
+// fp16 bits of weight (o, k) exactly as ncnn's AVX2 InnerProduct stores them (innerproduct_fp.h,
+// innerproduct_transform_kernel with NCNN_IMPL_FP16S), so the kernel reads the built-in's fp16
+// weights: out_elempack 8 (N % 8 == 0) / 4 (N % 4 == 0) convert with _mm256_cvtps_ph(TRUNC) over
+// whole 8 / 4 column groups and float32_to_float16 (round half away, subnormals flushed) on the
+// K tail; out_elempack 1 goes through ncnn's Cast (round to nearest even on whole groups of 4
+// of the flat [N][K] array, float32_to_float16 on the last N*K % 4).
+GEMV_TARGET unsigned short ncnn_fp16_bits(float v, int o, int k, int num_output, int num_input) {
+    const int group = num_output % 8 == 0 ? 8 : (num_output % 4 == 0 ? 4 : 0);
+    const __m128 x = _mm_set_ss(v);
+    if (group) {
+        if (k < num_input - num_input % group) return static_cast<unsigned short>(_mm_extract_epi16(_mm_cvtps_ph(x, _MM_FROUND_TRUNC), 0));
+        return ncnn::float32_to_float16(v);
+    }
+    const size_t total = static_cast<size_t>(num_output) * num_input;
+    if (static_cast<size_t>(o) * num_input + k < total - total % 4)
+        return static_cast<unsigned short>(_mm_extract_epi16(_mm_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0));
+    return ncnn::float32_to_float16(v);
+}
+GEMV_TARGET float from_fp16(unsigned short h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+// Packs row-major [N][K] fp32 weights into the kernel's blocks; an empty Packed on allocation failure.
+std::shared_ptr<Packed> pack_weights(const ncnn::Mat& weights, const ncnn::Mat& bias, int num_input, int num_output,
+                                     bool fp16) {
+    auto pk = std::make_shared<Packed>();
+    pk->fp16 = fp16;
+    pk->num_input = num_input;
+    pk->num_output = num_output;
+    pk->blocks = (num_output + kBlock - 1) / kBlock;
+    pk->weights.create(num_input * kBlock, pk->blocks, static_cast<size_t>(fp16 ? 2u : 4u));
+    pk->bias.create(pk->blocks * kBlock);
+    if (pk->weights.empty() || pk->bias.empty()) return nullptr;
+    pk->bias.fill(0.f);
+    if (!bias.empty()) std::memcpy(pk->bias.data, bias.data, sizeof(float) * num_output);
+    // row by row: sequential reads of the [N][K] source, writes 16 elements apart (one block's
+    // K * 16 elements stay in L2 while its 16 rows are written)
+    const float* src = weights;
+    for (int o = 0; o < num_output; ++o) {
+        const float* row = src + static_cast<size_t>(o) * num_input;
+        const size_t base = static_cast<size_t>(o / kBlock) * num_input * kBlock + o % kBlock;
+        if (fp16) {
+            auto* dst = static_cast<unsigned short*>(pk->weights.data) + base;
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = ncnn_fp16_bits(row[k], o, k, num_output, num_input);
+        } else {
+            float* dst = static_cast<float*>(pk->weights.data) + base;
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = row[k];
+        }
+    }
+    // the padding outputs of the last block read zero weights
+    for (int o = num_output; o < pk->blocks * kBlock; ++o)
+        for (int k = 0; k < num_input; ++k) {
+            const size_t i = (static_cast<size_t>(o / kBlock) * num_input + k) * kBlock + o % kBlock;
+            if (fp16) static_cast<unsigned short*>(pk->weights.data)[i] = 0;
+            else static_cast<float*>(pk->weights.data)[i] = 0.f;
+        }
+    return pk;
+}
+
+// The row-major fp32 weights back from the blocks (exact: fp16 widens losslessly), for a
+// built-in InnerProduct created after the raw weights were released.
+ncnn::Mat unpack_weights(const Packed& pk) {
+    ncnn::Mat out(pk.num_input * pk.num_output);
+    if (out.empty()) return out;
+    float* dst = out;
+    for (int o = 0; o < pk.num_output; ++o)
+        for (int k = 0; k < pk.num_input; ++k) {
+            const size_t i = (static_cast<size_t>(o / kBlock) * pk.num_input + k) * kBlock + o % kBlock;
+            dst[static_cast<size_t>(o) * pk.num_input + k] =
+                pk.fp16 ? from_fp16(static_cast<const unsigned short*>(pk.weights.data)[i])
+                        : static_cast<const float*>(pk.weights.data)[i];
+        }
+    return out;
+}
+#endif  // NCNNPORT_GEMV_X86
+
+#if NCNNPORT_GEMV_X86
+class GemvInnerProduct : public ncnn::Layer {
+public:
+    GemvInnerProduct() {
+        one_blob_only = true;
+        support_inplace = false;
+    }
+
+    // Reads InnerProduct's parameters (ncnn's ids) and gives the same ParamDict to the built-in
+    // layer that runs every case the kernel does not, whose storage flags this layer adopts so
+    // ncnn feeds both the same blobs.
+    int load_param(const ncnn::ParamDict& pd) override {
+        num_output_ = pd.get(0, 0);
+        bias_term_ = pd.get(1, 0);
+        weight_data_size_ = pd.get(2, 0);
+        int8_scale_term_ = pd.get(8, 0);
+        activation_type_ = pd.get(9, 0);
+        builtin_.reset(ncnn::create_layer_cpu(ncnn::LayerType::InnerProduct));
+        if (!builtin_) return -1;
+        const int ret = builtin_->load_param(pd);
+        if (ret != 0) return ret;
+        activation_params_ = pd.get(10, ncnn::Mat());
+        if (pd.type(10) == 5 && !activation_params_.empty()) activation_params_ = int_params_as_float(activation_params_);
+        support_packing = builtin_->support_packing;
+        support_bf16_storage = builtin_->support_bf16_storage;
+        support_fp16_storage = builtin_->support_fp16_storage;
+        support_int8_storage = builtin_->support_int8_storage;
+        support_any_packing = builtin_->support_any_packing;
+        support_batch = builtin_->support_batch;
+        return 0;
+    }
+
+    // The same .bin records as ncnn's InnerProduct::load_model, in its order (mb.load type 0
+    // reads the fp32 / fp16 / int8 tag of the weights).
+    int load_model(const ncnn::ModelBin& mb) override {
+        weights_[0] = mb.load(weight_data_size_, 0);
+        if (weights_[0].empty()) return -100;
+        int n = 1;
+        if (bias_term_) {
+            weights_[n] = mb.load(num_output_, 1);
+            if (weights_[n++].empty()) return -100;
+        }
+        if (int8_scale_term_) {
+            weights_[n++] = mb.load(num_output_, 1);
+            weights_[n++] = mb.load(1, 1);
+        }
+        return 0;
+    }
+
+    // Packs the kernel's weights when the one-row case can run here, else builds the built-in
+    // now, exactly as ncnn would; either way the raw weights are released.
+    int create_pipeline(const ncnn::Option& opt) override {
+        pipeline_opt_ = opt;
+        pipeline_opt_.blob_allocator = nullptr;
+        pipeline_opt_.workspace_allocator = nullptr;
+        if (kernel_applies(opt) && weights_[0].elembits() == 32) {
+            const bool fp16 = opt.use_fp16_storage;  // ncnn x86: fp16 weights, fp32 blobs
+            packed_ = pack_weights(weights_[0], bias_term_ ? weights_[1] : ncnn::Mat(), num_input(), num_output_, fp16);
+            if (!packed_) return -100;
+            release_raw_weights();
+            return 0;
+        }
+        return build_builtin(nullptr);
+    }
+
+    int destroy_pipeline(const ncnn::Option& opt) override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (builtin_ready_) builtin_->destroy_pipeline(opt);
+        builtin_ready_ = false;
+        packed_.reset();
+        return 0;
+    }
+
+    int forward(const ncnn::Mat& bottom, ncnn::Mat& top, const ncnn::Option& opt) const override {
+        if (kernel_applies(opt) && is_one_row(bottom)) {
+            std::shared_ptr<const Packed> pk;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                pk = packed_;
+            }
+            if (pk) return forward_gemv(*pk, bottom, top, opt);
+        }
+        ncnn::Layer* builtin = ready_builtin();
+        if (!builtin) return -100;
+        return builtin->forward(bottom, top, opt);
+    }
+
+private:
+    int num_input() const { return weight_data_size_ / num_output_; }
+
+    // pd type 5 (an integer array in the .param text) as floats, as ncnn's InnerProduct does.
+    static ncnn::Mat int_params_as_float(const ncnn::Mat& p) {
+        ncnn::Mat out(p.w);
+        for (int i = 0; i < p.w; ++i) out[i] = static_cast<float>(static_cast<const int*>(p.data)[i]);
+        return out;
+    }
+
+    // The kernel's case: fp32 or fp16 float weights, no int8 or bf16, an activation it applies
+    // exactly (ncnn's sigmoid / mish / hardswish go through its own math: those stay built-in).
+    bool kernel_applies(const ncnn::Option& opt) const {
+        const int params_needed = activation_type_ == 2 ? 1 : (activation_type_ == 3 ? 2 : 0);
+        return int8_scale_term_ == 0 && !opt.use_bf16_storage && !opt.use_vulkan_compute && activation_type_ >= 0
+               && activation_type_ <= 3 && activation_params_.w >= params_needed && num_output_ > 0
+               && weight_data_size_ > 0 && weight_data_size_ % num_output_ == 0;
+    }
+
+    // One fp32 row of K values: 1-D (any elempack: a packed 1-D Mat is the same flat memory) or
+    // 2-D with one row, as ncnn's forward takes them (2-D: its gemm path with h = 1).
+    bool is_one_row(const ncnn::Mat& m) const {
+        if (m.elembits() != 32 || m.n > 1 || m.empty()) return false;
+        if (m.dims == 1) return m.w * m.elempack == num_input();
+        return m.dims == 2 && m.h * m.elempack == 1 && m.w == num_input();
+    }
+
+    int forward_gemv(const Packed& pk, const ncnn::Mat& bottom, ncnn::Mat& top, const ncnn::Option& opt) const {
+        if (bottom.dims == 1) top.create(num_output_, 4u, opt.blob_allocator);
+        else top.create(num_output_, 1, 4u, opt.blob_allocator);
+        if (top.empty()) return -100;
+        const float* x = bottom;
+        float* y = top;
+        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads);
+        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads);
+        g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+    }
+
+    // The built-in with its pipeline, created on first need from the kernel's weights (then the
+    // kernel's copy is released: a graph that runs several rows keeps one copy of its weights).
+    ncnn::Layer* ready_builtin() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (builtin_ready_) return builtin_.get();
+        if (!packed_) return nullptr;
+        ncnn::Mat unpacked = unpack_weights(*packed_);
+        if (unpacked.empty()) return nullptr;
+        if (const_cast<GemvInnerProduct*>(this)->build_builtin(&unpacked) != 0) return nullptr;
+        packed_.reset();
+        return builtin_.get();
+    }
+
+    // Loads the built-in's weights (the raw records, or `weights` in place of the first with the
+    // bias of the packed copy) and creates its pipeline with the options of create_pipeline.
+    int build_builtin(const ncnn::Mat* weights) {
+        ncnn::Mat records[4];
+        if (weights) {
+            records[0] = *weights;
+            if (bias_term_) {
+                records[1] = packed_->bias.range(0, num_output_).clone();
+            }
+        } else {
+            for (int i = 0; i < 4; ++i) records[i] = weights_[i];
+        }
+        int ret = builtin_->load_model(ncnn::ModelBinFromMatArray(records));
+        if (ret == 0) ret = builtin_->create_pipeline(pipeline_opt_);
+        if (ret != 0) return ret;
+        builtin_ready_ = true;
+        release_raw_weights();
+        return 0;
+    }
+
+    void release_raw_weights() {
+        for (auto& w : weights_) w.release();
+    }
+
+    int num_output_ = 0, bias_term_ = 0, weight_data_size_ = 0, int8_scale_term_ = 0, activation_type_ = 0;
+    ncnn::Mat activation_params_;
+    ncnn::Mat weights_[4];  // weight, bias, int8 weight scales, int8 input scale (as loaded)
+    ncnn::Option pipeline_opt_;
+    std::unique_ptr<ncnn::Layer> builtin_;
+    mutable std::mutex mutex_;  // guards packed_ and builtin_ready_ (forward is const and may run concurrently)
+    mutable std::shared_ptr<const Packed> packed_;
+    mutable bool builtin_ready_ = false;
+};
+
+ncnn::Layer* create_gemv_layer(void*) { return new GemvInnerProduct; }
+void destroy_gemv_layer(ncnn::Layer* layer, void*) { delete layer; }
+#endif  // NCNNPORT_GEMV_X86
+
+}  // namespace
+
+bool gemv_layer_supported() {
+#if NCNNPORT_GEMV_X86
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+bool register_gemv_layer(ncnn::Net& net) {
+#if NCNNPORT_GEMV_X86
+    if (!gemv_layer_supported()) return false;
+    // ncnn logs every overwrite of a built-in type on stderr ("overwrite built-in layer type
+    // InnerProduct"): one line per graph of every run. The runs report the overwrite themselves
+    // (GraphOptions / gemv_json), so stderr is pointed at /dev/null for this one call; graphs are
+    // opened before any worker thread writes to stderr.
+    std::fflush(stderr);
+    const int saved = dup(STDERR_FILENO);
+    const int null_fd = open("/dev/null", O_WRONLY);
+    if (saved >= 0 && null_fd >= 0) dup2(null_fd, STDERR_FILENO);
+    const int ret = net.register_custom_layer("InnerProduct", create_gemv_layer, destroy_gemv_layer);
+    std::fflush(stderr);
+    if (saved >= 0 && null_fd >= 0) dup2(saved, STDERR_FILENO);
+    if (saved >= 0) close(saved);
+    if (null_fd >= 0) close(null_fd);
+    return ret == 0;
+#else
+    (void)net;
+    return false;
+#endif
+}
+
+uint64_t gemv_layer_calls() { return g_gemv_calls.load(std::memory_order_relaxed); }
+
+}  // namespace ncnnport

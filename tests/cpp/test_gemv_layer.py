@@ -1,0 +1,142 @@
+"""ncnnport's InnerProduct overwrite (runtime/cpp/src/gemv_layer.cpp) against ncnn's built-in.
+
+`ncnnport-gemv-check` (runtime/cpp/tools/gemv_check.cpp) loads one random InnerProduct twice,
+with and without the overwrite, runs a sequence of calls and reports per call the largest
+difference over the fp32 summation-order bound it derives (2 * gamma(K + 1) * (|b| + sum |w x|),
+see the tool's header) and how many one-row products the overwrite computed itself. The
+executables' JSON must say which InnerProduct ran and prove it by that count. Slow: they need
+`make cpp` (and the executables a tiny package).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
+CHECK = BUILD / "ncnnport-gemv-check"
+
+# (N, K): N and K off every multiple of 4 / 8 / 16 / 64 ncnn or the kernel packs by, exact
+# multiples, fewer outputs than one block of 16 and than one group of 4 blocks, and a wide layer
+SHAPES = [(1, 1), (5, 3), (37, 63), (36, 70), (64, 64), (72, 129), (130, 333), (1000, 1001), (2048, 1024)]
+WEIGHTS = {"fp32": [], "fp16-storage": ["--fp16-storage"], "fp16-bin": ["--fp16-bin"]}
+
+
+@pytest.fixture(scope="module")
+def check(built_cpp) -> Path:
+    return built_cpp(CHECK, "NCNNPORT_CPP_BUILD")
+
+
+def run_check(check: Path, n: int, k: int, *extra: str) -> dict:
+    res = subprocess.run([str(check), "--n", str(n), "--k", str(k), *extra], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    if not out["registered"]:
+        pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
+    return out
+
+
+def assert_within_bound(out: dict, what: str) -> None:
+    for i, call in enumerate(out["calls"]):
+        assert call["max_diff_over_bound"] <= 1.0, (what, i, call)
+        assert call["out_dims"] == call["ref_dims"], (what, i, call)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("weights", sorted(WEIGHTS))
+def test_one_row_kernel_matches_the_builtin_then_delegates(check, weights, threads):
+    """One row through the kernel, then several rows and one row again through the built-in it
+    creates from the kernel's weights (the kernel's copy is then released): every call within the
+    bound, the built-in calls bit-exact with the reference net."""
+    for n, k in SHAPES:
+        for bias in ([], ["--bias"]):
+            what = f"N={n} K={k} {weights} threads={threads} {bias}"
+            out = run_check(check, n, k, "--rows", "1,5,1", "--threads", str(threads), "--seed", str(n + k),
+                            *bias, *WEIGHTS[weights])
+            assert_within_bound(out, what)
+            assert [c["gemv_calls"] for c in out["calls"]] == [1, 0, 0], what
+            assert [c["max_abs_diff"] for c in out["calls"][1:]] == [0.0, 0.0], what
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act", [0, 1, 2, 3])
+def test_one_dimensional_input_and_activations(check, act):
+    """A 1-D input (ncnn's flatten path, elempack-8 output there) gives the same values and rank;
+    relu, leakyrelu and clip are applied as ncnn's activation_ss does."""
+    for n, k in [(37, 63), (64, 64), (1000, 1001)]:
+        out = run_check(check, n, k, "--dims1", "--bias", "--act", str(act), "--seed", "7")
+        assert_within_bound(out, f"N={n} K={k} act={act}")
+        assert out["calls"][0]["gemv_calls"] == 1 and out["calls"][0]["out_dims"] == 1
+
+
+@pytest.mark.slow
+def test_several_rows_first_stay_on_the_builtin(check):
+    """A graph that first runs several rows (prefill) builds the built-in from the raw weights and
+    keeps no kernel copy: later one-row calls are the built-in's too, bit-exact."""
+    out = run_check(check, 130, 333, "--rows", "4,1", "--bias")
+    assert [c["gemv_calls"] for c in out["calls"]] == [0, 0]
+    assert [c["max_abs_diff"] for c in out["calls"]] == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the executables report which InnerProduct ran
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Path:
+    import soundfile as sf
+
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+
+    path = tmp_path_factory.mktemp("gemv_audio") / "mono16k.wav"
+    sf.write(str(path), synth_speechlike(3.0, seed=5), 16000, subtype="FLOAT")
+    return path
+
+
+def run_exe(argv: list[str]) -> dict:
+    out = Path(argv[argv.index("--json-out") + 1])
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "overwrite built-in layer" not in res.stderr  # ncnn's registration log stays quiet
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_qwen3_asr_json_names_the_kernel_and_ids_do_not_change(built_cpp, package, speech, tmp_path):
+    exe = built_cpp(BUILD / "ncnnport-qwen3-asr", "NCNNPORT_CPP_BUILD")
+    pkg = package("qwen3-asr")
+    base = [str(exe), "--package", str(pkg), "--audio", str(speech), "--max-new-tokens", "24"]
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json")])
+    builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
+    if ours["timing"]["gemv"] == "ncnn":
+        pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
+    assert ours["timing"]["gemv"] == "ncnnport-avx2" and builtin["timing"]["gemv"] == "ncnn"
+    # every decode step runs the layers' and the head's InnerProducts on one row
+    assert ours["timing"]["gemv_calls"] >= ours["timing"]["decode_steps"] > 0
+    assert builtin["timing"]["gemv_calls"] == 0
+    assert [c["token_ids"] for c in ours["chunks"]] == [c["token_ids"] for c in builtin["chunks"]]
+
+
+@pytest.mark.slow
+def test_youtu_vl_json_names_the_layer_and_ids_do_not_change(built_cpp, package, tmp_path):
+    """Youtu-VL's C++ decode runs the layers' pnnx Gemm graphs (its InnerProduct `.decode`
+    variants are the Python loop's fp16-storage path), so the kernel has no InnerProduct to run
+    there: the JSON says so by its count, and the ids are the built-in's."""
+    exe = built_cpp(BUILD / "ncnnport-youtu-vl", "NCNNPORT_CPP_BUILD")
+    pkg = package("youtu-vl")
+    base = [str(exe), "--package", str(pkg), "--prompt", "Tell me a short story.", "--max-new-tokens", "24"]
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json")])
+    builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
+    if ours["timing"]["gemv"] == "ncnn":
+        pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
+    assert ours["timing"]["gemv"] == "ncnnport-avx2"
+    assert builtin["timing"]["gemv"] == "ncnn" and builtin["timing"]["gemv_calls"] == 0
+    assert np.array_equal(ours["chunks"][0]["token_ids"], builtin["chunks"][0]["token_ids"])
