@@ -56,10 +56,12 @@ from ncnnport.drivers.cpp_parity import (REPO_ROOT, CppRuntimeError, find_execut
 from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
+from ncnnport.drivers.torch_ratio import read_bandwidth
 from ncnnport.runtime.perf_timing import ratio_estimate
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 
 OVERHEAD_TARGET = 0.05  # issue 13: the C++ loop's host time <= 5 % of its decode time
+BOUND_TARGET = 85.0  # issue 17: a decoded token at >= 85 % of the memory-bandwidth bound
 RUNTIMES = ("cpp", "python", "torch")
 SCHEMA = 1
 # The image rows' per-stage columns: the executable's JSON ``seconds`` names (StageClock), then
@@ -259,6 +261,21 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     return row
 
 
+def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None) -> None:
+    """Each decode runtime's per-token ms as a percentage of the bandwidth bound: the weights one
+    token reads (layers, final norm, head; fp32) over the read bandwidth measured in the same run
+    (``torch_ratio.read_bandwidth``, at the bench's threads). Nothing when either is unknown."""
+    if not token_weight_bytes or not read_gbps:
+        return
+    bound_ms = token_weight_bytes / (read_gbps * 1e9) * 1e3
+    row["bound"] = {"token_weight_bytes": int(token_weight_bytes), "read_gbps": read_gbps, "bound_ms": bound_ms,
+                    "target_pct": BOUND_TARGET}
+    for name in RUNTIMES:
+        if name in row:
+            row[name]["pct_of_bound"] = 100 * bound_ms / row[name]["per_token_ms"]["median"]
+    row["bound"]["cpp_met"] = row["cpp"]["pct_of_bound"] >= BOUND_TARGET
+
+
 def image_row(label: str, runs: Mapping[str, list[ImageRun]]) -> dict[str, Any]:
     """One image row: seconds per runtime (median, min-max), ratios vs C++, frame agreement."""
     cpp, py = runs["cpp"], runs["python"]
@@ -392,15 +409,22 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     model = prep.target.model
     check_options(model, rounds, new_tokens, vulkan, torch_device, torch)
     exe = bench_executable(prep.port.cpp_executable, vulkan)
+    # the bound's bytes need the reference's shapes: read them before it is released
+    token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1") or {}).get("weights")
     released = release_reference(prep.loaded)
+    bandwidth: dict[str, float] | None = None
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="ncnnport-bench-cpp-") as tmp:
             ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device)
             cases = prep.port.cpp_bench_cases(ctx, [int(s) for s in sizes], new_tokens)
+            bandwidth = read_bandwidth() if token_bytes else None
             rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens,
                                       vulkan)
+            for row in rows:
+                if "per_token_ms" in row.get("cpp", {}):
+                    add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"])
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
@@ -408,6 +432,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             "new_tokens": None if kinds == {"image"} else new_tokens, "rows": rows,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "reference_released": released, "backend": "vulkan" if vulkan else "cpu",
+            "bandwidth": bandwidth,
             "vulkan_device": device_record() if vulkan else None, "torch_device": torch_device,
             "torch_device_name": torch_device_name(torch_device) if torch else None,
             "passed": all(r.get("ids_cpp_equal_python", True) for r in rows)}
@@ -491,12 +516,31 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
                          f"{_ms(r['cpp']['decode_graph_ms_per_token'])} | {_ms(r['python']['per_token_ms'])} | {torch_ms} | "
                          f"{_ratio(r.get('python_over_cpp'))} | {_ratio(r.get('torch_over_cpp'))} | "
                          f"{_pct(r['cpp']['overhead'])} {verdict} | {'yes' if r['ids_cpp_equal_python'] else 'NO'} |")
+        lines += bound_lines(report)
     lb, la = report["load_average"]["before"], report["load_average"]["after"]
     lines += ["", "Peak RSS, median over rounds (the C++ executable's own; the bench process's over its "
               "Python / torch call): " + "; ".join(peak_rss_line(r) for r in report["rows"]) + "."]
     lines += ["", f"Medians over {report['rounds']} interleaved rounds (min-max); ratios: median of per-round ratios "
               f"[order-statistic interval]. Load average (1 min) {lb[0]:.1f} before, {la[0]:.1f} after."]
     return "\n".join(lines)
+
+
+def bound_lines(report: Mapping[str, Any]) -> list[str]:
+    """The bandwidth-bound table of the decode rows and the issue-17 target on the C++ loop."""
+    rows = [r for r in report["rows"] if "bound" in r]
+    if not rows:
+        return []
+    b = rows[0]["bound"]
+    lines = ["", f"Bandwidth bound: {b['token_weight_bytes'] / 1e6:.0f} MB of fp32 weights per token (layers, "
+             f"final norm, head) at {b['read_gbps']:.1f} GB/s read bandwidth (measured in this run, "
+             f"{report['threads']} thread(s)) = {b['bound_ms']:.2f} ms per token.", "",
+             "| case | C++ % of bound | Python ncnn % of bound | torch % of bound | target: C++ token >= 85 % |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        pct = {k: f"{r[k]['pct_of_bound']:.0f}%" if "pct_of_bound" in r.get(k, {}) else "-" for k in RUNTIMES}
+        lines.append(f"| {r['case']} | {pct['cpp']} | {pct['python']} | {pct['torch']} | "
+                     f"{'met' if r['bound']['cpp_met'] else 'not met'} |")
+    return lines
 
 
 def devices_text(report: Mapping[str, Any]) -> str:

@@ -61,6 +61,28 @@ def test_decode_row_reports_per_token_ms_overhead_and_id_agreement():
     assert "| P=100 | 100 | 110.0 (100.0-120.0) |" in table and "met | yes |" in table
 
 
+def test_bound_columns_judge_the_cpp_token_against_85_percent():
+    """bound = token weight bytes / read bandwidth; each runtime's per-token median as a share
+    of it, and the issue-17 verdict on the C++ loop only."""
+    ids = [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", ids, 0.30, 0.29)] * 3, "python": [run("python", ids, 0.45)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(row, token_weight_bytes=2_000_000_000, read_gbps=20.0)  # bound 100 ms
+    assert row["bound"]["bound_ms"] == pytest.approx(100.0)
+    assert row["cpp"]["pct_of_bound"] == pytest.approx(100 * 100 / 100.0)  # 0.30 s / 3 steps
+    assert row["python"]["pct_of_bound"] == pytest.approx(100 * 100 / 150.0) and row["bound"]["cpp_met"]
+    slow = cpp_bench.decode_row("P=100", {"cpp": [run("cpp", ids, 0.36, 0.35)] * 3,
+                                          "python": [run("python", ids, 0.45)] * 3}, new_tokens=4)
+    cpp_bench.add_bound(slow, 2_000_000_000, 20.0)
+    assert slow["cpp"]["pct_of_bound"] == pytest.approx(100 * 100 / 120.0) and not slow["bound"]["cpp_met"]
+    lines = "\n".join(cpp_bench.bound_lines({"rows": [row, slow], "threads": 1}))
+    assert "2000 MB of fp32 weights per token" in lines and "= 100.00 ms per token" in lines
+    assert "| P=100 | 100% | 67% | - | met |" in lines and "| P=100 | 83% | 67% | - | not met |" in lines
+    unknown = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(unknown, None, 20.0)
+    assert "bound" not in unknown and cpp_bench.bound_lines({"rows": [unknown], "threads": 1}) == []
+
+
 def test_a_differing_id_or_a_large_overhead_is_reported():
     runs = {"cpp": [run("cpp", [1, 2, 3], 0.2, 0.1)] * 3, "python": [run("python", [1, 2, 4], 0.2)] * 3}
     row = cpp_bench.decode_row("P=100", runs, new_tokens=3)
