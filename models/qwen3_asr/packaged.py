@@ -63,11 +63,18 @@ def open_packaged(package: Path, model_json: Mapping[str, Any], modules: Mapping
     check_preprocessing(model_json, path)
     try:
         ids, dims, audio = model_json["special_ids"], model_json["dims"], model_json["audio"]
-        pipe = Qwen3ASRPipeline(modules, dims, audio_token_id=ids["audio_token_id"], eos_ids=ids["eos_ids"],
-                                n_window_infer=audio["n_window_infer"])
+        audio_token_id, eos_ids, n_window_infer = ids["audio_token_id"], ids["eos_ids"], audio["n_window_infer"]
         prompt = dict(model_json["prompt"])
     except KeyError as exc:
         raise PackageError(f"{path}: field {exc.args[0]!r} missing") from None
+    # the pipeline raises KeyError for a dims field or for graphs the caller did not open: the
+    # message names which (a missing graph is not a missing model.json field)
+    try:
+        pipe = Qwen3ASRPipeline(modules, dims, audio_token_id=audio_token_id, eos_ids=eos_ids,
+                                n_window_infer=n_window_infer)
+    except KeyError as exc:
+        what = exc.args[0] if "modules missing" in str(exc.args[0]) else f"dims field {exc.args[0]!r} missing"
+        raise PackageError(f"{path}: {what}") from None
     tokenizer = Tokenizer.from_file(str(Path(package) / model_json["files"]["tokenizer"]))
     return PackagedASR(pipe, tokenizer, prompt)
 

@@ -65,6 +65,23 @@ def test_prompt_pieces_rebuild_the_processors_ids(built):
             assert np.array_equal(asr.prompt_ids(want.num_audio_tokens, language), want.input_ids), (seconds, language)
 
 
+def test_open_packaged_names_a_graph_left_unopened_and_a_missing_field_apart(built):
+    """A graph the caller did not open and a model.json field that is absent are different
+    faults: each message says which, naming the graph or the field."""
+    from ncnnport.models.qwen3_asr import packaged
+    from ncnnport.package.model_json import PackageError
+
+    _, pkg, _ = built
+    doc = json.loads((pkg / "model.json").read_text())
+    names = json.loads((pkg / "manifest.json").read_text())["modules"]
+    with pytest.raises(PackageError, match=r"modules missing: \['lm_head'\]") as unopened:
+        packaged.open_packaged(pkg, doc, {n: None for n in names if n != "lm_head"})
+    assert "field" not in str(unopened.value)
+    broken = dict(doc, special_ids={k: v for k, v in doc["special_ids"].items() if k != "eos_ids"})
+    with pytest.raises(PackageError, match="field 'eos_ids' missing"):
+        packaged.open_packaged(pkg, broken, {n: None for n in names})
+
+
 def test_verify_passes_without_torch_on_folder_and_archive(built, no_torch, tmp_path):
     _, pkg, root = built
     r = cli("verify", pkg, env=no_torch)
