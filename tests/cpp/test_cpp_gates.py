@@ -300,7 +300,8 @@ def test_verify_flag_fails_a_perturbed_weight_with_a_rehashed_manifest(built, mo
 def test_verify_flag_is_refused_beside_a_run_option_and_without_a_package(built, model, extra, tmp_path):
     exe = built / EXECUTABLES[model]
     res = run(exe, "--package", tmp_path, "--verify", *extra)
-    assert res.returncode == 2 and "--verify takes only --package, --threads and --vulkan" in res.stderr
+    assert res.returncode == 2 and "--verify takes only --package, --threads, --vulkan" in res.stderr
+    assert "--precision" in res.stderr.splitlines()[0]  # the options --verify does take
     assert run(exe, "--verify").returncode == 2
     missing = run(exe, "--package", tmp_path / "nope", "--verify")
     assert missing.returncode == 2 and "nope" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 
 #include "ncnnport/gemv_layer.h"
+#include "ncnnport/precision.h"
 
 #include <chrono>
 #include <cstring>
@@ -127,6 +128,16 @@ ncnn::Option fp32_options(int threads, bool vulkan) {
     return opt;
 }
 
+ncnn::Option precision_options(int threads, bool vulkan, const std::string& precision) {
+    const CpuPrecision& p = checked_precision(precision, vulkan);
+    ncnn::Option opt = fp32_options(threads, vulkan);
+    opt.use_fp16_storage = p.fp16_storage;
+    opt.use_fp16_packed = p.fp16_packed;
+    opt.use_fp16_arithmetic = p.fp16_arithmetic;
+    opt.use_bf16_storage = p.bf16_storage;
+    return opt;
+}
+
 bool gemv_active(const GraphOptions& options) { return options.gemv && !options.vulkan && gemv_layer_supported(); }
 
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
@@ -147,7 +158,11 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     const auto weights = package / "ncnn" / (name + ".ncnn.bin");
     for (const auto& p : {param, weights})
         if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name_ + ")");
-    net_->opt = fp32_options(options.threads, options.vulkan);
+    try {
+        net_->opt = precision_options(options.threads, options.vulkan, options.precision);
+    } catch (const std::invalid_argument& e) {
+        throw GraphError("graph " + name_ + ": " + e.what());
+    }
 #if NCNN_VULKAN
     if (options.vulkan) {
         if (ncnn::get_gpu_count() == 0) throw GraphError("graph " + name + ": --vulkan but ncnn sees no GPU");
