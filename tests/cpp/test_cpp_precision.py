@@ -236,6 +236,7 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
     assert res.returncode == 0, res.stderr
     got = json.loads(out.read_text())
     assert got["timing"]["precision"] == precision
+    # read back from the nets the run opened (not the table): the flags reached every graph
     assert got["timing"]["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
     if got["timing"]["gemv"] == "ncnnport-avx2":  # the overwrite ran (it reads fp16 weights under fp16 storage)
         assert got["timing"]["gemv_calls"] > 0
@@ -243,3 +244,37 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
     asr = packaged.open_packaged(pkg, read_json(pkg / "model.json"), LazyModules(pkg, options=options))
     want = packaged.transcribe(asr, read_audio(audio), max_new_tokens=40)
     assert [c["token_ids"] for c in got["chunks"]] == want.token_ids
+
+
+@pytest.mark.slow
+def test_youtu_vl_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
+    from ncnnport.runtime.precision import get
+
+    out = tmp_path / "o.json"
+    res = run(build_dir / "ncnnport-youtu-vl", "--package", package("youtu-vl"), "--prompt", "describe the sky",
+              "--max-new-tokens", "3", "--json-out", out, "--precision", "fp16-storage")
+    assert res.returncode == 0, res.stderr
+    timing = json.loads(out.read_text())["timing"]
+    assert timing["precision"] == "fp16-storage"
+    assert timing["precision_flags"] == {k: bool(get("fp16-storage").flags.get(k, False)) for k in PRECISION_FIELDS}
+
+
+@pytest.mark.slow
+def test_seedvr2_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
+    """The image loop too: --precision fp16-storage runs a packaged case and its JSON (top level)
+    names the precision and the flags its nets carried; fp32 says fp32."""
+    from ncnnport.runtime.precision import get
+
+    pkg = package("seedvr2")
+    case = sorted(p.parent for p in (pkg / "cases").glob("*/case.json"))[0]
+    area = json.loads((case / "case.json").read_text())["args"]["area"]
+    for name in ("fp16-storage", "fp32"):
+        out = tmp_path / name
+        res = run(build_dir / "ncnnport-seedvr2", "--package", pkg, "--input", case / "input.png", "--output",
+                  out / "frames", "--noise", case / "noise.npz", "--area", str(area), "--json-out", out / "run.json",
+                  *(["--precision", name] if name != "fp32" else []))
+        assert res.returncode == 0, res.stderr
+        assert f"[{get(name).options().label.split('/')[0]}/t1" in res.stdout  # fp16_storage/t1 or fp32/t1
+        doc = json.loads((out / "run.json").read_text())
+        assert doc["precision"] == name
+        assert doc["precision_flags"] == {k: bool(get(name).flags.get(k, False)) for k in PRECISION_FIELDS}

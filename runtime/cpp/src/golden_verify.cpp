@@ -484,6 +484,7 @@ void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, 
     }
 #endif
     register_gemv_for(net, GraphOptions{options.threads, options.vulkan, options.gemv, options.precision});
+    note_graph_option(net.opt);
     if (net.load_param(param.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load param " + param.string());
     if (net.load_model(bin.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load weights " + bin.string());
     std::vector<std::string> blobs;

@@ -60,11 +60,6 @@ const CpuPrecision& checked_precision(const std::string& name, bool vulkan) {
     return *found;
 }
 
-nlohmann::json precision_json(const std::string& name) {
-    const CpuPrecision& p = checked_precision(name, false);
-    return {{"precision", p.name}, {"precision_flags", p.flags_json()}};
-}
-
 nlohmann::json precisions_table_json() {
     nlohmann::json accepted = nlohmann::json::array();
     for (const auto& p : cpu_precisions())

@@ -117,6 +117,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
 #else
     if (options.vulkan) throw GraphError("--vulkan: this executable was built without Vulkan (make cpp VULKAN=1)");
 #endif
+    ncnnport::note_graph_option(net_->opt);
     if (net_->load_param(param.string().c_str()) != 0) throw GraphError("module " + name + ": ncnn could not load param " + param.string());
     if (net_->load_model(bin.string().c_str()) != 0) throw GraphError("module " + name + ": ncnn could not load weights " + bin.string());
     std::vector<std::string> blobs;

@@ -168,7 +168,7 @@ int run(const Args& args) {
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
-        out["timing"].update(ncnnport::precision_json(args.precision));
+        out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         std::ofstream f(args.json_out, std::ios::binary);
         f << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         if (!f) throw ncnnport::IoError(args.json_out + ": could not write");

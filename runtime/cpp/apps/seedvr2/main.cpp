@@ -25,6 +25,7 @@
 #include "ncnnport/golden_verify.h"
 #include "ncnnport/image_io.h"
 #include "ncnnport/manifest.h"
+#include "ncnnport/ncnn_graph.h"
 #include "ncnnport/precision.h"
 #include "ncnnport/seedvr2_npy.h"
 #include "ncnnport/seedvr2_pipeline.h"
@@ -256,7 +257,7 @@ int run(const Args& a) {
                               {"noise", {{"sha256", noise_sha256(noise)}, {"shape", noise.x_T.shape},
                                          {"posterior", noise.posterior ? "sample" : "mean"}}},
                               {"seconds", timings.seconds}, {"graphs", timings.graphs}};
-        doc.update(ncnnport::precision_json(a.precision));
+        doc.update(ncnnport::precision_record(a.precision));  // the flags the nets carried
         std::ofstream js(a.json_out);
         js << doc.dump(2) << "\n";
         if (!js) throw std::runtime_error(a.json_out.string() + ": cannot write");

@@ -176,7 +176,7 @@ int run(const Args& args) {
                                 {"decode_graph_s", gen.decode_graph_s}, {"threads", args.threads},
                                 {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
-        out["timing"].update(ncnnport::precision_json(args.precision));
+        out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         write_json(args.json_out, out);
     }
     return 0;

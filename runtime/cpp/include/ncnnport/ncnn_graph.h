@@ -60,6 +60,13 @@ ncnn::Option fp32_options(int threads, bool vulkan);
 // flags runtime/precision.py sets for that name: Precision.options); std::invalid_argument for a
 // name the C++ runtime does not run or a reduced precision with `vulkan`.
 ncnn::Option precision_options(int threads, bool vulkan, const std::string& precision);
+// Every ncnnport graph notes the ncnn::Option it loads with (Graph, seedvr2::Graph, verify), so a
+// run reports the precision flags its nets carried, not only the name it was asked for.
+void note_graph_option(const ncnn::Option& opt);
+// What a run's --json-out records: {"precision": NAME, "precision_flags": the flags
+// (fp16_storage, fp16_packed, fp16_arithmetic, bf16_storage) of every net opened so far in this
+// process, or null before any opened, or a list of the distinct sets if nets differed}.
+nlohmann::json precision_record(const std::string& precision);
 
 // One input or output of a spec: each axis a fixed size or a symbol ("seq") bound per call.
 struct TensorSpec {

@@ -45,9 +45,6 @@ std::string cpu_precision_names();
 // not run, and for a reduced precision with `vulkan` (the executables exit 2 on it).
 const CpuPrecision& checked_precision(const std::string& name, bool vulkan);
 
-// What a run's --json-out records: {"precision": NAME, "precision_flags": {...}}.
-nlohmann::json precision_json(const std::string& name);
-
 // `ncnnport-cpp precisions`: {"accepted": [{name, mode, flags}], "refused": {name: why}}.
 nlohmann::json precisions_table_json();
 
