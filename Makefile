@@ -61,12 +61,13 @@ bench-vision: $(STAMP)
 # MODEL=...), one thread, real widths, 4 layers: per-token decode at prompts of 100 and 1000 tokens
 # (16 new tokens; C++ and Python ids asserted equal) and the C++ loop's overhead over its graphs
 # (target <= 5 %); SeedVR2 one 256x256 image end to end. Builds the executables (`make cpp`) and the
-# package when missing; table printed, JSON + Markdown in build/reports/bench-cpp/.
+# package when missing; table printed, JSON + Markdown in build/reports/bench-cpp/. PRECISION=fp16-storage
+# runs both ncnn loops with fp16 InnerProduct weights (torch stays fp32; the bound counts 2 bytes each).
 bench-cpp: PRESET = real
 bench-cpp: LAYERS = 4
 bench-cpp: cpp
 	set -e; for m in $(or $(MODEL),$(CPP_MODELS)); do \
-	  OMP_NUM_THREADS=1 $(BIN)/ncnnport bench-cpp $$m --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS)) $(ARGS); \
+	  OMP_NUM_THREADS=1 $(BIN)/ncnnport bench-cpp $$m --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS)) $(PRECISION_OPT) $(ARGS); \
 	done
 
 nightly: $(STAMP)

@@ -28,8 +28,9 @@ class BenchContext:
     """What a port's ``cpp_bench_cases`` gets: the loaded reference, the converted package, a
     work folder for input files (removed after the bench), the thread count of every runtime,
     whether the ncnn runtimes run on Vulkan (``--vulkan``: the Python loop's graphs then open on
-    the Vulkan device, as ``verify --backend vulkan`` opens them) and the torch device of the
-    reference column (``--torch-device``; the driver has checked that the port serves it)."""
+    the Vulkan device, as ``verify --backend vulkan`` opens them), the torch device of the
+    reference column (``--torch-device``; the driver has checked that the port serves it) and the
+    ``runtime.precision`` name the ncnn runtimes run (``--precision``; torch stays fp32)."""
 
     loaded: LoadedModel
     package: Path
@@ -37,6 +38,7 @@ class BenchContext:
     threads: int
     vulkan: bool = False
     torch_device: str = "cpu"
+    precision: str = "fp32"
 
 
 @dataclass
@@ -95,14 +97,15 @@ def decode_from_stamps(runtime: str, prompt_tokens: int, ids: Sequence[int], sta
 
 
 def ncnn_modules(ctx: BenchContext, lazy: bool = False) -> Any:
-    """The package's graphs under ``ctx.threads`` (on the Vulkan device with ``ctx.vulkan``):
-    all opened now, or (``lazy``) each on first
+    """The package's graphs under ``ctx.threads`` and ``ctx.precision``'s ncnn flags (on the
+    Vulkan device with ``ctx.vulkan``): all opened now, or (``lazy``) each on first
     use, so a text-only LLM run never loads a vision tower (a multi-GB package). Per-token
     decode never includes an open either way: every graph it runs ran in the prefill."""
     from ncnnport.runtime.lazy_modules import LazyModules, open_ncnn_modules
     from ncnnport.runtime.options import RuntimeOptions
+    from ncnnport.runtime.precision import get
 
-    options = RuntimeOptions(num_threads=ctx.threads, use_vulkan=ctx.vulkan)
+    options = get(ctx.precision).options(RuntimeOptions(num_threads=ctx.threads, use_vulkan=ctx.vulkan))
     return LazyModules(ctx.package, options=options) if lazy else open_ncnn_modules(ctx.package, options=options)
 
 

@@ -339,14 +339,16 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
     from ncnnport.stages import convert_stage, prepare
     ok = True
     for t in _targets(args):
-        check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch)
+        check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch,
+                      args.precision)
     for t in _targets(args):
         with _locked(t, args):
             prep = prepare(t)
             pkg = convert_stage(prep, force=args.force)
             sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
             report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
-                                  t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device)
+                                  t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device,
+                                  args.precision)
         ok = ok and report["passed"]
     return 0 if ok else 1
 
@@ -546,6 +548,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="run the C++ executable (make cpp VULKAN=1 build) and the Python ncnn loop on the Vulkan device")
     p.add_argument("--torch-device", default="cpu", metavar="DEV",
                    help="torch device of the torch eager column (default cpu; e.g. cuda, where the model's loop serves it)")
+    p.add_argument("--precision", default="fp32", metavar="NAME",
+                   help="runtime/precision.py name both ncnn loops run (the executable's --precision, the Python "
+                        "graphs' options): fp32 (default) or fp16-storage; the bound counts InnerProduct weights "
+                        "at that precision's width; torch stays fp32")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

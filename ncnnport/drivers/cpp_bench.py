@@ -28,6 +28,14 @@ prefill's activations, a torch run's cache) go back to the OS before the next ru
 Each runtime's peak RSS per round is in the row: the bench process's VmHWM over its Python or
 torch call, the executable's own VmHWM (sampled while it runs) for the C++ call.
 
+Precision: ``--precision NAME`` (default fp32; ``CPP_PRECISIONS``, the CPU precisions the
+executables accept, ncnnport/precision.h) runs the executable with ``--precision NAME`` and the
+Python loop's graphs under ``runtime.precision``'s options of that name; the executable's JSON
+must say it ran that precision. Torch stays fp32 eager. The bandwidth bound then counts the
+InnerProduct weights at ``Precision.inner_product_weight_bytes`` (2 under fp16 storage: ncnn's x86
+InnerProduct converts them at load) and every other weight at the width ncnn reads (the port's
+``bench_bytes(.., precision)``). Reduced precisions run on the CPU only.
+
 On a GPU: ``--vulkan`` runs both ncnn runtimes on the Vulkan device (the executable with
 ``--vulkan``, from the ``make cpp VULKAN=1`` build; the Python loop's graphs opened with
 ``use_vulkan`` as ``verify --backend vulkan`` opens them) and names the device in the heading and
@@ -70,6 +78,9 @@ SCHEMA = 1
 STAGES = ("vae_encode", "dit", "vae_decode")
 LOAD_STAGE = "load_graphs"
 VULKAN_BUILD = "cpp-vulkan"  # build/<this>: `make cpp VULKAN=1`
+# The runtime/precision.py names the executables' --precision accepts (ncnnport/precision.h's
+# table; tests/cpp/test_cpp_precision.py holds the two equal).
+CPP_PRECISIONS = ("fp32", "fp16-storage")
 
 
 def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
@@ -110,26 +121,44 @@ def empty_folder(folder: Path | None) -> None:
             f.unlink()
 
 
-def cpp_argv(case: CppBenchCase, vulkan: bool) -> list[str]:
-    """The executable's arguments for ``case``: the port's, plus ``--vulkan`` on the GPU."""
-    return [*case.argv, *(["--vulkan"] if vulkan else [])]
+def cpp_argv(case: CppBenchCase, vulkan: bool, precision: str = "fp32") -> list[str]:
+    """The executable's arguments for ``case``: the port's, plus ``--vulkan`` on the GPU and
+    ``--precision NAME`` for a precision other than fp32."""
+    return [*case.argv, *(["--vulkan"] if vulkan else []),
+            *(["--precision", precision] if precision != "fp32" else [])]
 
 
-def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False) -> Callable[[], Any]:
-    """One executable run per call (its output folder emptied first), its JSON parsed by kind."""
-    argv = cpp_argv(case, vulkan)
+def precision_ran(out: Mapping[str, Any]) -> str:
+    """The precision an executable's JSON says it ran: ``timing.precision`` (the decode loops)
+    or the top-level ``precision`` (the image loop); fp32 for a result written before either
+    existed."""
+    timing = out.get("timing")
+    if isinstance(timing, Mapping) and "precision" in timing:
+        return str(timing["precision"])
+    return str(out.get("precision", "fp32"))
+
+
+def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False,
+             precision: str = "fp32") -> Callable[[], Any]:
+    """One executable run per call (its output folder emptied first), its JSON parsed by kind;
+    a result that ran another precision than asked is an error."""
+    argv = cpp_argv(case, vulkan, precision)
 
     def call() -> Any:
         empty_folder(case.fresh_dir)
-        return CPP_PARSERS[case.kind](run_executable(exe, argv, json_out), exe.name)
+        out = run_executable(exe, argv, json_out)
+        ran = precision_ran(out)
+        if ran != precision:
+            raise BenchError(f"{exe.name}: asked for --precision {precision}, its result says it ran {ran}")
+        return CPP_PARSERS[case.kind](out, exe.name)
     return call
 
 
 def case_calls(case: CppBenchCase, exe: Path, json_out: Path, torch: bool,
-               vulkan: bool = False) -> dict[str, Callable[[], Any]]:
+               vulkan: bool = False, precision: str = "fp32") -> dict[str, Callable[[], Any]]:
     """Every runtime's call, in the first round's order: the Python loop first when torch runs
     (a torch call may reuse what the Python run computed), else C++ first."""
-    cpp = cpp_call(exe, case, json_out, vulkan)
+    cpp = cpp_call(exe, case, json_out, vulkan, precision)
     if torch and case.torch is not None:
         return {"python": case.python, "cpp": cpp, "torch": case.torch}
     return {"cpp": cpp, "python": case.python}
@@ -261,15 +290,21 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     return row
 
 
-def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None) -> None:
+def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None,
+              precision: str = "fp32") -> None:
     """Each decode runtime's per-token ms as a percentage of the bandwidth bound: the weights one
-    token reads (layers, final norm, head; fp32) over the read bandwidth measured in the same run
-    (``torch_ratio.read_bandwidth``, at the bench's threads). Nothing when either is unknown."""
+    token reads (layers, final norm, head) under ``precision`` (the port's ``bench_bytes``:
+    InnerProduct weights at ``Precision.inner_product_weight_bytes``, the rest at 4) over the read
+    bandwidth measured in the same run (``torch_ratio.read_bandwidth``, at the bench's threads).
+    Nothing when either is unknown."""
+    from ncnnport.runtime.precision import get
+
     if not token_weight_bytes or not read_gbps:
         return
     bound_ms = token_weight_bytes / (read_gbps * 1e9) * 1e3
     row["bound"] = {"token_weight_bytes": int(token_weight_bytes), "read_gbps": read_gbps, "bound_ms": bound_ms,
-                    "target_pct": BOUND_TARGET}
+                    "target_pct": BOUND_TARGET, "precision": precision,
+                    "inner_product_weight_bytes": get(precision).inner_product_weight_bytes}
     for name in RUNTIMES:
         if name in row:
             row[name]["pct_of_bound"] = 100 * bound_ms / row[name]["per_token_ms"]["median"]
@@ -340,11 +375,15 @@ def torch_device_problem(port: ModelPort, device: str) -> str | None:
 
 
 def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False, torch_device: str = "cpu",
-                  torch: bool = True) -> None:
+                  torch: bool = True, precision: str = "fp32") -> None:
     """Refuse, in one line and before anything is built, what the bench cannot run: no C++ bench,
-    bad counts, ``--vulkan`` without a Vulkan device or build, a torch device the port or this
-    machine cannot serve."""
+    bad counts, a precision the executables do not run (or a reduced one on Vulkan), ``--vulkan``
+    without a Vulkan device or build, a torch device the port or this machine cannot serve."""
     port = get_port(model)
+    if precision not in CPP_PRECISIONS:
+        raise BenchError(f"bench-cpp --precision {precision}: the C++ executables run {', '.join(CPP_PRECISIONS)}")
+    if vulkan and precision != "fp32":
+        raise BenchError(f"bench-cpp --precision {precision} is a CPU setting; --vulkan runs fp32 (drop one of them)")
     if not has_cpp_bench(port):
         known = [m for m in available_models() if has_cpp_bench(get_port(m))]
         raise BenchError(f"bench-cpp: no C++ bench for model {model} (its port sets no cpp_bench_sizes or "
@@ -375,14 +414,14 @@ def case_row(case: CppBenchCase, runs: Mapping[str, list[Any]], new_tokens: int)
 
 def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds: int, torch: bool,
                 log: Callable[[str], None], model: str, new_tokens: int,
-                vulkan: bool = False) -> tuple[list[dict[str, Any]], set[str]]:
+                vulkan: bool = False, precision: str = "fp32") -> tuple[list[dict[str, Any]], set[str]]:
     """Every case's interleaved rounds as rows, and the kinds seen (one per model)."""
     rows, kinds = [], set()
     for case in cases:
         kinds.add(case.kind)
         if len(kinds) > 1:
             raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
-        calls = case_calls(case, exe, json_out, torch, vulkan)
+        calls = case_calls(case, exe, json_out, torch, vulkan, precision)
         peaks: dict[str, list[int]] = {name: [] for name in calls}
         runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
                                 rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
@@ -404,30 +443,32 @@ def torch_device_name(device: str) -> str | None:
 
 def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
               threads: int = 1, torch: bool = True, log: Callable[[str], None] = print, vulkan: bool = False,
-              torch_device: str = "cpu") -> dict[str, Any]:
+              torch_device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
+    from ncnnport.runtime.precision import get
+
     model = prep.target.model
-    check_options(model, rounds, new_tokens, vulkan, torch_device, torch)
+    check_options(model, rounds, new_tokens, vulkan, torch_device, torch, precision)
     exe = bench_executable(prep.port.cpp_executable, vulkan)
-    # the bound's bytes need the reference's shapes: read them before it is released
-    token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1") or {}).get("weights")
+    # the bound's bytes (under the precision) need the reference's shapes: read them before it is released
+    token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", precision) or {}).get("weights")
     released = release_reference(prep.loaded)
     bandwidth: dict[str, float] | None = None
     load_before = os.getloadavg()
     restore_threads = _torch_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="ncnnport-bench-cpp-") as tmp:
-            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device)
+            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device, precision)
             cases = prep.port.cpp_bench_cases(ctx, [int(s) for s in sizes], new_tokens)
             before = read_bandwidth() if token_bytes else None
             rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens,
-                                      vulkan)
+                                      vulkan, precision)
             # the faster of a measurement before and after the rounds: the bound is what the machine
             # can read, so a load that slowed one measurement must not lower it (and flatter the rows)
             bandwidth = max(before, read_bandwidth(), key=lambda b: b["read_gbps"]) if before else None
             for row in rows:
                 if "per_token_ms" in row.get("cpp", {}):
-                    add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"])
+                    add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"], precision)
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
@@ -435,10 +476,18 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             "new_tokens": None if kinds == {"image"} else new_tokens, "rows": rows,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "reference_released": released, "backend": "vulkan" if vulkan else "cpu",
+            "precision": precision, "precision_flags": precision_flags(precision),
             "bandwidth": bandwidth,
             "vulkan_device": device_record() if vulkan else None, "torch_device": torch_device,
             "torch_device_name": torch_device_name(torch_device) if torch else None,
             "passed": all(r.get("ids_cpp_equal_python", True) for r in rows)}
+
+
+def precision_flags(precision: str) -> dict[str, bool]:
+    """The ncnn flags ``runtime/precision.py`` sets for ``precision`` (every precision field)."""
+    from ncnnport.runtime.precision import PRECISION_FIELDS, get
+
+    return {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
 
 
 def _ms(s: Mapping[str, float]) -> str:
@@ -534,7 +583,10 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     b = rows[0]["bound"]
-    lines = ["", f"Bandwidth bound: {b['token_weight_bytes'] / 1e6:.0f} MB of fp32 weights per token (layers, "
+    width = b.get("inner_product_weight_bytes", 4)
+    weights = ("fp32 weights" if width == 4 else
+               f"weights ({b['precision']}: InnerProduct weights at {width} bytes, the rest at 4)")
+    lines = ["", f"Bandwidth bound: {b['token_weight_bytes'] / 1e6:.0f} MB of {weights} per token (layers, "
              f"final norm, head) at {b['read_gbps']:.1f} GB/s read bandwidth (measured in this run, "
              f"{report['threads']} thread(s)) = {b['bound_ms']:.2f} ms per token.", "",
              "| case | C++ % of bound | Python ncnn % of bound | torch % of bound | target: C++ token >= 85 % |",
@@ -566,7 +618,9 @@ def heading(report: Mapping[str, Any]) -> str:
     from ncnnport.runtime.machine import cpu_record, table_heading
 
     what = (f"{report['model']} preset {report['preset']}" + (f", {report['layers']} layers" if report["layers"] else "")
-            + (f", {report['new_tokens']} new tokens" if report["new_tokens"] else "") + ", fp32"
+            + (f", {report['new_tokens']} new tokens" if report["new_tokens"] else "")
+            + (", fp32" if report.get("precision", "fp32") == "fp32"
+               else f", ncnn {report['precision']} (torch fp32)")
             + (", ncnn on Vulkan" if report.get("backend") == "vulkan" else "")
             + (f", torch on {report['torch_device']}" if report.get("torch_device", "cpu") != "cpu" else ""))
     gbps = (report.get("bandwidth") or read_bandwidth())["read_gbps"]  # the bound's measurement, when made
@@ -574,10 +628,12 @@ def heading(report: Mapping[str, Any]) -> str:
 
 
 def report_stem(report: Mapping[str, Any]) -> str:
-    """``<model>``, plus ``-vulkan`` and ``-torch-<device>`` off the CPU, so a GPU run never
-    overwrites the CPU report beside it."""
+    """``<model>``, plus ``-<precision>`` for a precision other than fp32, ``-vulkan`` and
+    ``-torch-<device>`` off the CPU, so a GPU or fp16 run never overwrites the fp32 CPU report."""
     device = report.get("torch_device") or "cpu"
-    return (report["model"] + ("-vulkan" if report.get("backend") == "vulkan" else "")
+    precision = report.get("precision") or "fp32"
+    return (report["model"] + ("" if precision == "fp32" else f"-{precision}")
+            + ("-vulkan" if report.get("backend") == "vulkan" else "")
             + ("" if device == "cpu" else "-torch-" + device.replace(":", "")))
 
 
@@ -592,11 +648,11 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 def bench_target(prep: Any, package: Path, sizes: Sequence[int] | None, new_tokens: int, rounds: int,
                  threads: int, torch: bool, out_dir: Path, vulkan: bool = False,
-                 torch_device: str = "cpu") -> dict[str, Any]:
+                 torch_device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     """Run, print the table, write the JSON and Markdown; the report."""
     sizes = list(sizes or prep.port.cpp_bench_sizes)
     report = run_bench(prep, package, sizes, new_tokens, rounds, threads, torch, vulkan=vulkan,
-                       torch_device=torch_device)
+                       torch_device=torch_device, precision=precision)
     report["machine_heading"] = heading(report)
     report["table"] = markdown(report, report["machine_heading"])
     print("\n" + report["table"])

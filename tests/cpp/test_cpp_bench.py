@@ -83,6 +83,25 @@ def test_bound_columns_judge_the_cpp_token_against_85_percent():
     assert "bound" not in unknown and cpp_bench.bound_lines({"rows": [unknown], "threads": 1}) == []
 
 
+def test_the_bound_of_fp16_storage_counts_2_byte_inner_product_weights():
+    """add_bound records the precision's InnerProduct width (runtime/precision.py: 2 under fp16
+    storage) beside the bytes the port counted, and the bound table says which weights were
+    counted at which width; fp32 keeps its wording."""
+    ids = [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", ids, 0.15, 0.14)] * 3, "python": [run("python", ids, 0.3)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(row, token_weight_bytes=1_000_000_000, read_gbps=20.0, precision="fp16-storage")
+    assert row["bound"]["bound_ms"] == pytest.approx(50.0)
+    assert (row["bound"]["precision"], row["bound"]["inner_product_weight_bytes"]) == ("fp16-storage", 2)
+    assert row["cpp"]["pct_of_bound"] == pytest.approx(100.0) and row["bound"]["cpp_met"]
+    lines = "\n".join(cpp_bench.bound_lines({"rows": [row], "threads": 1}))
+    assert "1000 MB of weights (fp16-storage: InnerProduct weights at 2 bytes, the rest at 4) per token" in lines
+    fp32 = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(fp32, 2_000_000_000, 20.0)
+    assert fp32["bound"]["inner_product_weight_bytes"] == 4
+    assert "2000 MB of fp32 weights per token" in "\n".join(cpp_bench.bound_lines({"rows": [fp32], "threads": 1}))
+
+
 def test_a_differing_id_or_a_large_overhead_is_reported():
     runs = {"cpp": [run("cpp", [1, 2, 3], 0.2, 0.1)] * 3, "python": [run("python", [1, 2, 4], 0.2)] * 3}
     row = cpp_bench.decode_row("P=100", runs, new_tokens=3)
@@ -169,6 +188,44 @@ def test_llm_bench_rows_have_equal_ids(model, prompt, tmp_path, monkeypatch, bui
 
 
 @pytest.mark.slow
+def test_qwen3_asr_fp16_storage_bench_has_equal_ids_and_a_2_byte_bound(tmp_path, monkeypatch, built_cpp):
+    """Both ncnn loops under fp16 storage (the executable says so in its JSON) give the same ids,
+    and the bound counts the token's bytes with 2-byte InnerProduct weights."""
+    prep, package = _prepared("qwen3-asr", tmp_path, monkeypatch, built_cpp)
+    fp32_bytes = prep.port.bench_bytes(prep.loaded, "token", "1")["weights"]
+    report = cpp_bench.bench_target(prep, package, [60], 6, 2, 1, False, tmp_path / "reports",
+                                    precision="fp16-storage")
+    (row,) = report["rows"]
+    assert report["passed"] and row["ids_cpp_equal_python"], row["id_mismatches"]
+    assert report["precision"] == "fp16-storage" and (tmp_path / "reports" / "qwen3-asr-fp16-storage.json").is_file()
+    assert row["bound"]["inner_product_weight_bytes"] == 2 and row["bound"]["token_weight_bytes"] < fp32_bytes
+    assert "ncnn fp16-storage (torch fp32)" in report["table"]
+
+
+@pytest.mark.slow
+def test_qwen3_asr_token_bytes_count_the_packages_inner_products_at_the_precision_width(tmp_path, monkeypatch,
+                                                                                      built_cpp):
+    """The bound's fp16 bytes are honest for what ncnn reads: the graphs a token runs hold no
+    weight matrix but InnerProducts (no Gemm, Convolution or MatMul with a constant; RMSNorm
+    gammas and the one Embed row stay fp32), and fp32 - fp16-storage bytes is exactly 2 bytes per
+    InnerProduct weight of those graphs."""
+    prep, package = _prepared("qwen3-asr", tmp_path, monkeypatch, built_cpp)
+    inner_product = 0
+    for param in [*sorted((package / "ncnn").glob("decode_layer*.ncnn.param")), package / "ncnn" / "lm_head.ncnn.param",
+                  package / "ncnn" / "embed.ncnn.param"]:
+        if ".gpu." in param.name:
+            continue
+        for line in param.read_text().splitlines()[2:]:
+            kind, fields = line.split()[0], dict(f.split("=", 1) for f in line.split() if "=" in f)
+            assert kind not in ("Gemm", "Convolution", "Convolution1D", "MemoryData"), (param.name, line)
+            if kind == "InnerProduct":
+                inner_product += int(fields["2"])
+    assert inner_product > 0
+    fp32, fp16 = (prep.port.bench_bytes(prep.loaded, "token", "1", p)["weights"] for p in ("fp32", "fp16-storage"))
+    assert fp32 - fp16 == 2 * inner_product
+
+
+@pytest.mark.slow
 def test_seedvr2_bench_row_compares_frames(tmp_path, monkeypatch, built_cpp):
     report = _bench("seedvr2", [64], tmp_path, monkeypatch, built_cpp)
     (row,) = report["rows"]
@@ -193,7 +250,8 @@ FAKE_EXE = textwrap.dedent("""\
     args = dict(zip(argv[0::2], argv[1::2]))
     ids = [int(t) for t in args["--ids"].split(",")]
     out = {{"chunks": [{{"token_ids": ids, "prompt_tokens": int(args["--prompt"]), "stopped_by_eos": False}}],
-           "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19}}}}
+           "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19,
+                      "precision": args.get("--ran", args.get("--precision", "fp32"))}}}}
     open(args["--json-out"], "w").write(json.dumps(out))
     """)
 
@@ -376,6 +434,64 @@ def test_vulkan_reaches_every_executable_call_and_the_python_graphs(fake_models,
     assert text == ("ncnn (C++ and Python) on Vulkan: software Vulkan (lavapipe) (llvmpipe (LLVM 15.0.6, 256 bits), "
                     "software, Mesa driver 1)")
     assert cpp_bench.report_stem(report) == "fake-bench-vulkan"
+
+
+def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake_models, tmp_path, recorded_argv,
+                                                                          monkeypatch):
+    """--precision fp16-storage: the executable gets it (fp32 runs keep their argv), the port's
+    Python graphs open under it (BenchContext.precision), the port counts the token's bytes under
+    it, the bound records 2-byte InnerProduct weights, the report and its file name say it."""
+    port = fake_models["fake-bench"]
+    asked: list[tuple[str, str, str]] = []
+
+    def bench_bytes(loaded, stage, size, precision="fp32"):
+        asked.append((stage, size, precision))
+        return {"weights": 2_000_000_000 if precision == "fp32" else 1_000_000_000}
+    monkeypatch.setattr(port, "bench_bytes", bench_bytes, raising=False)
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
+                                 log=lambda _m: None, precision="fp16-storage")
+    assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--precision", "fp16-storage"]] * 2
+    assert port.contexts[0].precision == "fp16-storage" and asked == [("token", "1", "fp16-storage")]
+    (row,) = report["rows"]
+    assert row["bound"]["token_weight_bytes"] == 1_000_000_000 and row["bound"]["inner_product_weight_bytes"] == 2
+    assert row["bound"]["bound_ms"] == pytest.approx(50.0)
+    assert report["precision"] == "fp16-storage" and report["precision_flags"]["fp16_storage"]
+    assert not any(v for k, v in report["precision_flags"].items() if k != "fp16_storage")
+    assert cpp_bench.report_stem(report) == "fake-bench-fp16-storage" and report["passed"]
+
+
+def test_a_result_that_ran_another_precision_is_refused(fake_models, tmp_path):
+    """The executable's JSON must say it ran the precision asked for (a build without the option
+    would run fp32 and be timed as fp16)."""
+    case = CppBenchCase("P=3", "decode", ["--ids", "1,2,3", "--prompt", "7", "--ran", "fp32"],
+                        lambda: DecodeRun("python", 7, [1, 2, 3], 0.3, 2))
+    exe = tmp_path / "cpp" / "fake-exe"
+    with pytest.raises(cpp_bench.BenchError, match="asked for --precision fp16-storage, its result says it ran fp32"):
+        cpp_bench.cpp_call(exe, case, tmp_path / "o.json", precision="fp16-storage")()
+    assert cpp_bench.cpp_call(exe, case, tmp_path / "o.json")().token_ids == [1, 2, 3]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--precision", "bf16"], "bench-cpp --precision bf16: the C++ executables run fp32, fp16-storage"),
+    (["--precision", "fp16-storage", "--vulkan"], "fp16-storage is a CPU setting; --vulkan runs fp32"),
+])
+def test_a_precision_the_executables_do_not_run_is_one_line(fake_models, capsys, argv, expected):
+    _one_line_refusal(capsys, ["bench-cpp", "fake-bench", *argv], expected)
+
+
+def test_the_python_loop_opens_its_graphs_under_the_precision(monkeypatch, tmp_path):
+    """bench_kit.ncnn_modules: runtime/precision.py's options of ctx.precision, threads kept."""
+    from ncnnport.models import bench_kit
+    from ncnnport.runtime import lazy_modules
+    from ncnnport.runtime.precision import get
+
+    opened: list[Any] = []
+    monkeypatch.setattr(lazy_modules, "open_ncnn_modules", lambda package, options: opened.append(options) or {})
+    for name in ("fp32", "fp16-storage"):
+        bench_kit.ncnn_modules(bench_kit.BenchContext(None, tmp_path, tmp_path, 2, precision=name))
+    assert [o.num_threads for o in opened] == [2, 2]
+    assert opened[1] == get("fp16-storage").options(opened[0]) and opened[1].fp16_storage and not opened[0].fp16_storage
 
 
 def test_the_python_loop_opens_its_graphs_on_vulkan(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@
 #include "ncnnport/ncnn_graph.h"
 #include "ncnnport/npz.h"
 #include "ncnnport/policy.h"
+#include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
 
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
@@ -465,8 +466,8 @@ std::pair<bool, std::string> judge(const Stats& s, const Tolerance& tol) {
 // ---------------------------------------------------------------------------------------------
 // running a graph
 
-ncnn::Option fp32_option(const VerifyOptions& options) {
-    return fp32_options(options.threads, options.vulkan);
+ncnn::Option run_option(const VerifyOptions& options) {
+    return precision_options(options.threads, options.vulkan, options.precision);
 }
 
 void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, const VerifyOptions& options) {
@@ -474,7 +475,7 @@ void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, 
     const fs::path bin = package / "ncnn" / (spec.name + ".ncnn.bin");
     for (const auto& p : {param, bin})
         if (!fs::is_regular_file(p)) bad("module " + spec.name + ": missing " + p.string());
-    net.opt = fp32_option(options);
+    net.opt = run_option(options);
 #if NCNN_VULKAN
     if (options.vulkan) {
         // ncnn would silently run on the CPU; a "vulkan" row must come from a Vulkan device
@@ -482,7 +483,8 @@ void load_graph(ncnn::Net& net, const fs::path& package, const GraphSpec& spec, 
         net.set_vulkan_device(0);
     }
 #endif
-    register_gemv_for(net, GraphOptions{options.threads, options.vulkan, options.gemv});
+    register_gemv_for(net, GraphOptions{options.threads, options.vulkan, options.gemv, options.precision});
+    note_graph_option(net.opt);
     if (net.load_param(param.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load param " + param.string());
     if (net.load_model(bin.string().c_str()) != 0) bad("module " + spec.name + ": ncnn could not load weights " + bin.string());
     std::vector<std::string> blobs;
@@ -567,10 +569,12 @@ std::string package_precision(const fs::path& package) {
     return value.get<std::string>();
 }
 
-// The policy mode that judges a run (runtime/precision.judging_mode of the package's weight
-// precision; the C++ verify runs ncnn with fp32 options): Vulkan has budgets of its own.
+// The policy mode that judges a run (drivers/verify.judging_mode): a derived package's weight
+// precision, else the precision of the run's ncnn flags (--precision), through
+// runtime/precision.judging_mode: Vulkan has budgets of its own.
 std::string judging_mode(const VerifyOptions& options, const std::string& precision) {
-    const std::string mode = package_precision_modes().at(precision);
+    const std::string mode = precision != "fp32" ? package_precision_modes().at(precision)
+                                                 : checked_precision(options.precision, options.vulkan).mode;
     if (!options.vulkan) return mode;
     return mode == "fp32" ? "vulkan_fp32" : "vulkan_fp16";
 }
@@ -678,6 +682,7 @@ bool VerifyResult::passed() const {
 
 VerifyResult verify_goldens(const fs::path& package, const VerifyOptions& options) {
     if (options.threads < 1) throw std::invalid_argument("--threads must be >= 1");
+    checked_precision(options.precision, options.vulkan);  // before anything is read
 #if !NCNN_VULKAN
     if (options.vulkan) throw std::invalid_argument("--vulkan: this build has no Vulkan backend (make cpp VULKAN=1)");
 #endif
@@ -713,7 +718,8 @@ std::string verify_table(const VerifyResult& result) {
 }
 
 std::string options_label(const VerifyOptions& options) {
-    return "fp32/t" + std::to_string(options.threads) + (options.vulkan ? "/vulkan" : "");
+    return checked_precision(options.precision, options.vulkan).label() + "/t" + std::to_string(options.threads)
+           + (options.vulkan ? "/vulkan" : "");
 }
 
 int run_verify(const fs::path& package, const VerifyOptions& options, const std::string& error_prefix) {

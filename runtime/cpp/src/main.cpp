@@ -7,9 +7,13 @@
 //   ncnnport-cpp tokenize TOKENIZER.json --decode [--keep-special]
 //                                              ids (whitespace separated) on stdin -> text
 //   ncnnport-cpp version                        ncnn version linked in
-//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]
+//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]
 //                                              manifest + every graph's golden vectors through
 //                                              ncnn::Net, judged as `ncnnport verify` judges
+//                                              (--precision: fp32 or fp16-storage, precision.h;
+//                                              a reduced one judged by the policy's mode of it)
+//   ncnnport-cpp precisions                    the precisions this runtime accepts (flags, mode)
+//                                              and the runtime/precision.py names it refuses (JSON)
 //   ncnnport-cpp gates POLICY.json MODE MODULE  the module's per-output gates in a precision mode
 //                                              (JSON; what verify judges by on --vulkan)
 //
@@ -29,6 +33,7 @@
 #include "ncnnport/manifest.h"
 #include "ncnnport/model_json.h"
 #include "ncnnport/policy.h"
+#include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
 
 #ifdef NCNNPORT_WITH_NCNN
@@ -41,8 +46,9 @@ int usage() {
     std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
                  "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
                  "       ncnnport-cpp version\n"
-                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]\n"
-                 "       ncnnport-cpp gates POLICY.json MODE MODULE\n";
+                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]\n"
+                 "       ncnnport-cpp gates POLICY.json MODE MODULE\n"
+                 "       ncnnport-cpp precisions\n";
     return 2;
 }
 
@@ -113,11 +119,14 @@ int cmd_version() {
 }
 
 #ifdef NCNNPORT_WITH_NCNN
-// Parse `PACKAGE [--threads N] [--vulkan] [--ncnn-gemv]`; false on a usage error.
+// Parse `PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]`; false on a usage
+// error (a precision name is checked by run_verify: one line naming the accepted ones, exit 2).
 bool parse_verify_args(const std::vector<std::string>& args, std::string& package, ncnnport::VerifyOptions& opts) {
     for (size_t i = 0; i < args.size(); ++i) {
         if (args[i] == "--vulkan") {
             opts.vulkan = true;
+        } else if (args[i] == "--precision" && i + 1 < args.size()) {
+            opts.precision = args[++i];
         } else if (args[i] == "--ncnn-gemv") {
             opts.gemv = false;
         } else if (args[i] == "--threads" && i + 1 < args.size()) {
@@ -182,6 +191,10 @@ int main(int argc, char** argv) {
             return cmd_tokenize(std::vector<std::string>(args.begin() + 1, args.end()));
         if (args.size() == 1 && args[0] == "version") return cmd_version();
         if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
+        if (args.size() == 1 && args[0] == "precisions") {
+            std::cout << ncnnport::precisions_table_json().dump() << "\n";
+            return 0;
+        }
         if (args.size() >= 2 && args[0] == "verify")
             return cmd_verify(std::vector<std::string>(args.begin() + 1, args.end()));
         return usage();

@@ -3,9 +3,12 @@
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 
 #include "ncnnport/gemv_layer.h"
+#include "ncnnport/precision.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 namespace ncnnport {
@@ -127,6 +130,37 @@ ncnn::Option fp32_options(int threads, bool vulkan) {
     return opt;
 }
 
+ncnn::Option precision_options(int threads, bool vulkan, const std::string& precision) {
+    const CpuPrecision& p = checked_precision(precision, vulkan);
+    ncnn::Option opt = fp32_options(threads, vulkan);
+    opt.use_fp16_storage = p.fp16_storage;
+    opt.use_fp16_packed = p.fp16_packed;
+    opt.use_fp16_arithmetic = p.fp16_arithmetic;
+    opt.use_bf16_storage = p.bf16_storage;
+    return opt;
+}
+
+namespace {
+std::mutex g_options_mutex;
+std::vector<nlohmann::json> g_option_flags;  // the distinct flag sets of the nets opened so far
+}  // namespace
+
+void note_graph_option(const ncnn::Option& opt) {
+    const nlohmann::json flags = {{"fp16_storage", opt.use_fp16_storage}, {"fp16_packed", opt.use_fp16_packed},
+                                  {"fp16_arithmetic", opt.use_fp16_arithmetic}, {"bf16_storage", opt.use_bf16_storage}};
+    std::lock_guard<std::mutex> lock(g_options_mutex);
+    if (std::find(g_option_flags.begin(), g_option_flags.end(), flags) == g_option_flags.end())
+        g_option_flags.push_back(flags);
+}
+
+nlohmann::json precision_record(const std::string& precision) {
+    std::lock_guard<std::mutex> lock(g_options_mutex);
+    const nlohmann::json flags = g_option_flags.empty() ? nlohmann::json(nullptr)
+                                 : g_option_flags.size() == 1 ? g_option_flags.front()
+                                                              : nlohmann::json(g_option_flags);
+    return {{"precision", precision}, {"precision_flags", flags}};
+}
+
 bool gemv_active(const GraphOptions& options) { return options.gemv && !options.vulkan && gemv_layer_supported(); }
 
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
@@ -147,7 +181,11 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     const auto weights = package / "ncnn" / (name + ".ncnn.bin");
     for (const auto& p : {param, weights})
         if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name_ + ")");
-    net_->opt = fp32_options(options.threads, options.vulkan);
+    try {
+        net_->opt = precision_options(options.threads, options.vulkan, options.precision);
+    } catch (const std::invalid_argument& e) {
+        throw GraphError("graph " + name_ + ": " + e.what());
+    }
 #if NCNN_VULKAN
     if (options.vulkan) {
         if (ncnn::get_gpu_count() == 0) throw GraphError("graph " + name + ": --vulkan but ncnn sees no GPU");
@@ -157,6 +195,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     if (options.vulkan) throw GraphError("--vulkan: this executable's ncnn has no Vulkan (build with make cpp VULKAN=1)");
 #endif
     gemv_ = register_gemv_for(*net_, options);
+    note_graph_option(net_->opt);
     if (net_->load_param(param.string().c_str()) != 0) throw PackageError(param.string() + ": ncnn could not load it");
     if (net_->load_model(weights.string().c_str()) != 0) throw PackageError(weights.string() + ": ncnn could not load it");
     // Outputs are checked by extract's return code at run time (an output blob may also feed

@@ -104,7 +104,11 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     inputs_ = blob_specs(spec.value("inputs", nlohmann::json()), spec_path.string() + " inputs");
     outputs_ = blob_specs(spec.value("outputs", nlohmann::json()), spec_path.string() + " outputs");
     net_ = std::make_unique<ncnn::Net>();
-    net_->opt = ncnnport::fp32_options(options.threads, options.vulkan);  // set before load_param
+    try {  // set before load_param
+        net_->opt = ncnnport::precision_options(options.threads, options.vulkan, options.precision);
+    } catch (const std::invalid_argument& e) {
+        throw GraphError("module " + name + ": " + e.what());
+    }
 #if NCNN_VULKAN
     if (options.vulkan) {
         if (ncnn::get_gpu_count() == 0) throw GraphError("module " + name + ": Vulkan requested but ncnn sees no GPU");
@@ -113,6 +117,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
 #else
     if (options.vulkan) throw GraphError("--vulkan: this executable was built without Vulkan (make cpp VULKAN=1)");
 #endif
+    ncnnport::note_graph_option(net_->opt);
     if (net_->load_param(param.string().c_str()) != 0) throw GraphError("module " + name + ": ncnn could not load param " + param.string());
     if (net_->load_model(bin.string().c_str()) != 0) throw GraphError("module " + name + ": ncnn could not load weights " + bin.string());
     std::vector<std::string> blobs;

@@ -2,13 +2,15 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE] [--ncnn-gemv]
-//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv]
+//                      [--mel-out FILE] [--ncnn-gemv] [--precision fp32|fp16-storage]
+//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
 // cut -> per chunk: log-mel, encoder, prompt ids, greedy decode over the KV cache, official
 // parsing; chunks joined. Prints "language: X" and the text; --json-out writes per-chunk token
-// ids, language, text and timings. Exit 0 ok, 1 a graph failed at run time, 2 bad usage,
+// ids, language, text and timings (with the precision that ran). --precision: the ncnn flags of
+// that runtime/precision.py name on every graph (ncnnport/precision.h; fp16-storage reads the
+// InnerProduct weights as fp16, CPU only). Exit 0 ok, 1 a graph failed at run time, 2 bad usage,
 // package or audio (one line naming the file). --verify checks the package instead (manifest and
 // every graph's golden vectors, ncnnport::run_verify) and exits as `ncnnport-cpp verify` does.
 #include <nlohmann/json.hpp>
@@ -27,6 +29,7 @@
 #include "ncnnport/cli_args.h"
 #include "ncnnport/golden_verify.h"
 #include "ncnnport/manifest.h"
+#include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
 
 namespace {
@@ -42,6 +45,7 @@ struct Args {
     bool vulkan = false, check = true, host_kv = false;
     bool verify = false;  // the package's golden vectors instead of a transcription
     bool gemv = true;     // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
+    std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
 };
 
 using ncnnport::int_arg;
@@ -50,15 +54,15 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE] [--ncnn-gemv]\n"
-    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv]\n";
+    "                          [--mel-out FILE] [--ncnn-gemv] [--precision fp32|fp16-storage]\n"
+    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
 void check_verify_args(const Args& a) {
     if (a.package.empty()) throw UsageError("--verify needs --package");
     if (!a.audio.empty() || !a.language.empty() || !a.json_out.empty() || !a.mel_out.empty() || a.max_new_tokens >= 0
         || a.max_chunk_seconds > 0 || !a.check || a.host_kv)
-        throw UsageError("--verify takes only --package, --threads, --vulkan and --ncnn-gemv");
+        throw UsageError("--verify takes only --package, --threads, --vulkan, --ncnn-gemv and --precision");
 }
 
 Args parse_args(int argc, char** argv) {
@@ -87,11 +91,13 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--verify") a.verify = true;
         else if (flag == "--ncnn-gemv") a.gemv = false;
+        else if (flag == "--precision") a.precision = value();
         else throw UsageError("unknown option " + flag);
     }
     if (a.verify) check_verify_args(a);
     else if (a.package.empty() || a.audio.empty()) throw UsageError("--package and --audio are required");
     if (a.host_kv && !a.vulkan) throw UsageError("--host-kv chooses the Vulkan decode's cache: it needs --vulkan");
+    ncnnport::checked_precision(a.precision, a.vulkan);  // std::invalid_argument: one line, exit 2
 #if !NCNN_VULKAN
     if (a.vulkan) throw UsageError("--vulkan: this build's ncnn has no Vulkan backend (build with make cpp VULKAN=1)");
 #endif
@@ -123,7 +129,7 @@ int run(const Args& args) {
         throw ncnnport::AudioError(args.audio + ": audio too short (" + std::to_string(wave.size())
                                    + " samples at 16000 Hz; the official features need at least 201)");
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision};
     qwen3_asr::Asr asr(args.package, graph_options, !args.host_kv);
     const auto& info = asr.info();
     const int max_new = args.max_new_tokens >= 0 ? args.max_new_tokens : info.default_max_new_tokens;
@@ -162,6 +168,7 @@ int run(const Args& args) {
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
+        out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         std::ofstream f(args.json_out, std::ios::binary);
         f << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         if (!f) throw ncnnport::IoError(args.json_out + ": could not write");
@@ -174,7 +181,8 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
     try {
         const Args args = parse_args(argc, argv);
-        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, args.gemv}, "ncnnport-qwen3-asr: ");
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, args.gemv, args.precision},
+                                                      "ncnnport-qwen3-asr: ");
         return run(args);
     } catch (const UsageError& e) {
         std::cerr << "ncnnport-qwen3-asr: " << e.what() << "\n" << kUsage;

@@ -2,13 +2,15 @@
 //
 //   ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz
 //                    [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]
-//                    [--json-out FILE]
-//   ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan]
+//                    [--json-out FILE] [--precision fp32|fp16-storage]
+//   ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan] [--precision NAME]
 //
 // Writes DIR/frame_00000.png ... (DIR new or empty). Exit codes: 0 ok, 1 a failure while running
 // (an ncnn call, a write), 2 bad arguments, package or input (one line naming the file).
 // --verify checks the package instead (manifest and every graph's golden vectors,
 // ncnnport::run_verify) and exits as `ncnnport-cpp verify` does: 0 pass, 1 a failed row, 2 unjudgeable.
+// --precision: that runtime/precision.py name's ncnn flags on every graph (ncnnport/precision.h;
+// CPU only), recorded in --json-out.
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -23,6 +25,8 @@
 #include "ncnnport/golden_verify.h"
 #include "ncnnport/image_io.h"
 #include "ncnnport/manifest.h"
+#include "ncnnport/ncnn_graph.h"
+#include "ncnnport/precision.h"
 #include "ncnnport/seedvr2_npy.h"
 #include "ncnnport/seedvr2_pipeline.h"
 #include "ncnnport/sha256.h"
@@ -43,14 +47,15 @@ struct Args {
     int threads = 1;
     bool vulkan = false, colour_fix = true, check = true;
     bool verify = false;  // the package's golden vectors instead of a restoration
+    std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
     ncnnport::seedvr2::Perturb perturb;
 };
 
 const char* kUsage =
     "usage: ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz\n"
     "                        [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]\n"
-    "                        [--json-out FILE] [--dump-stages DIR]\n"
-    "       ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan]\n";
+    "                        [--json-out FILE] [--dump-stages DIR] [--precision fp32|fp16-storage]\n"
+    "       ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan] [--precision NAME]\n";
 
 int64_t positive(const std::string& flag, const std::string& v) {
     try {
@@ -67,7 +72,7 @@ void check_verify_args(const Args& a) {
     if (a.package.empty()) throw InputError("--verify needs --package\n" + std::string(kUsage));
     if (!a.input.empty() || !a.output.empty() || !a.noise.empty() || !a.json_out.empty() || !a.dump_dir.empty() || a.area
         || !a.colour_fix || !a.check || a.perturb.swap_shift || a.perturb.flip_rope_h_w)
-        throw InputError("--verify takes only --package, --threads and --vulkan");
+        throw InputError("--verify takes only --package, --threads, --vulkan and --precision");
 }
 
 Args parse(int argc, char** argv) {
@@ -88,6 +93,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--no-colour-fix") a.colour_fix = false;
         else if (f == "--no-check") a.check = false;
         else if (f == "--verify") a.verify = true;
+        else if (f == "--precision") a.precision = value();
         // test-only perturbations (tests/cpp/test_seedvr2_cpp.py proves they break parity)
         else if (f == "--perturb" ) {
             const std::string p = value();
@@ -95,6 +101,11 @@ Args parse(int argc, char** argv) {
             else if (p == "flip-rope") a.perturb.flip_rope_h_w = true;
             else throw InputError("--perturb: unknown '" + p + "'");
         } else throw InputError("unknown argument '" + f + "'\n" + kUsage);
+    }
+    try {
+        ncnnport::checked_precision(a.precision, a.vulkan);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(e.what());
     }
     if (a.verify) {
         check_verify_args(a);
@@ -198,7 +209,7 @@ int run(const Args& a) {
     }
     std::unique_ptr<ncnnport::seedvr2::Pipeline> pipe;
     try {
-        pipe = std::make_unique<ncnnport::seedvr2::Pipeline>(a.package, ncnnport::seedvr2::RunOptions{a.threads, a.vulkan});
+        pipe = std::make_unique<ncnnport::seedvr2::Pipeline>(a.package, ncnnport::seedvr2::RunOptions{a.threads, a.vulkan, a.precision});
     } catch (const ncnnport::seedvr2::GraphError&) {
         throw;
     } catch (const std::exception& e) {
@@ -233,8 +244,8 @@ int run(const Args& a) {
         st["path"] = (a.output / name).string();
         frames.push_back(st);
     }
-    std::cout << "wrote " << out.t << " frame(s) " << out.w << "x" << out.h << " to " << a.output.string() << " [fp32/t"
-              << a.threads << (a.vulkan ? "/vulkan" : "") << ", area " << area << ", noise sha256 "
+    std::cout << "wrote " << out.t << " frame(s) " << out.w << "x" << out.h << " to " << a.output.string() << " ["
+              << ncnnport::checked_precision(a.precision, a.vulkan).label() << "/t" << a.threads << (a.vulkan ? "/vulkan" : "") << ", area " << area << ", noise sha256 "
               << noise_sha256(noise).substr(0, 16) << ", " << timings.seconds["total"] << " s]\n";
     if (!a.json_out.empty()) {
         nlohmann::json all = frame_stats(out.rgb.data(), out.rgb.size(), {out.t, out.h, out.w, 3});
@@ -246,6 +257,7 @@ int run(const Args& a) {
                               {"noise", {{"sha256", noise_sha256(noise)}, {"shape", noise.x_T.shape},
                                          {"posterior", noise.posterior ? "sample" : "mean"}}},
                               {"seconds", timings.seconds}, {"graphs", timings.graphs}};
+        doc.update(ncnnport::precision_record(a.precision));  // the flags the nets carried
         std::ofstream js(a.json_out);
         js << doc.dump(2) << "\n";
         if (!js) throw std::runtime_error(a.json_out.string() + ": cannot write");
@@ -258,7 +270,8 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
     try {
         const Args args = parse(argc, argv);
-        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan}, "ncnnport-seedvr2: ");
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, true, args.precision},
+                                                      "ncnnport-seedvr2: ");
         return run(args);
     } catch (const InputError& e) {
         std::cerr << "ncnnport-seedvr2: " << e.what() << "\n";

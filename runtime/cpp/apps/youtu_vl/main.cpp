@@ -4,13 +4,14 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
-//                     [--ncnn-gemv]
+//                     [--ncnn-gemv] [--precision fp32|fp16-storage]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
 // segments per window -> merger -> chat prompt with N image pads -> fusion -> prefill -> greedy
 // decode over the latent cache until EOS. Prints the text; --json-out writes token ids, text and
-// timings. Exit 0 ok, 1 a graph failed at run time, 2 bad usage, package or image (one line
+// timings (with the precision that ran: --precision sets that runtime/precision.py name's ncnn
+// flags on every graph, ncnnport/precision.h; CPU only). Exit 0 ok, 1 a graph failed at run time, 2 bad usage, package or image (one line
 // naming the file).
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,7 @@
 
 #include "ncnnport/cli_args.h"
 #include "ncnnport/manifest.h"
+#include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
 #include "ncnnport/youtu_image.h"
 #include "vl.h"
@@ -37,6 +39,7 @@ struct Args {
     int64_t max_patches = -1;  // -1: model.json's preprocessing.max_num_patches
     bool vulkan = false, check = true, preprocess_only = false;
     bool gemv = true;  // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
+    std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
@@ -49,7 +52,7 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv]\n";
+    "                         [--ncnn-gemv] [--precision fp32|fp16-storage]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -70,6 +73,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--vulkan") a.vulkan = true;
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--ncnn-gemv") a.gemv = false;
+        else if (flag == "--precision") a.precision = value();
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {
             const std::string v = value();
@@ -81,6 +85,7 @@ Args parse_args(int argc, char** argv) {
     if (a.package.empty()) throw UsageError("--package is required");
     if (!a.has_prompt && !a.preprocess_only) throw UsageError("--prompt is required");
     if (a.preprocess_only && a.image.empty()) throw UsageError("--preprocess-only needs --image");
+    ncnnport::checked_precision(a.precision, a.vulkan);  // std::invalid_argument: one line, exit 2
 #if !NCNN_VULKAN
     if (a.vulkan) throw UsageError("--vulkan: this build's ncnn has no Vulkan backend (build with make cpp VULKAN=1)");
 #endif
@@ -148,7 +153,7 @@ int run(const Args& args) {
         return 0;
     }
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision};
     youtu_vl::Vl vl(args.package, graph_options, args.perturb);
     const int max_new = args.max_new_tokens > 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const std::vector<int> ids = vl.prompt_ids(args.prompt, image ? std::optional<int>(image->num_tokens()) : std::nullopt);
@@ -171,6 +176,7 @@ int run(const Args& args) {
                                 {"decode_graph_s", gen.decode_graph_s}, {"threads", args.threads},
                                 {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
+        out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         write_json(args.json_out, out);
     }
     return 0;

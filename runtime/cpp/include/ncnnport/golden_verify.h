@@ -7,9 +7,11 @@
 // `tolerances[output]` (else `tolerances["*"]`, else the fp32 default 0.999999 / 1e-4 / 1e-6),
 // which convert writes from the packaged policy.json's fp32 gates; the metrics are
 // ncnnport.metrics.compare/judge (cosine and worst-row cosine along the output's feature axis,
-// max_abs against max(max_abs_rel x max|ref|, max_abs_floor), NaN/Inf always fail). A derived
-// package (model.json `precision` fp16-weights / int8-weights) and any Vulkan run are judged by the
-// packaged policy's budget of that mode instead (policy.h), as the Python verify judges them.
+// max_abs against max(max_abs_rel x max|ref|, max_abs_floor), NaN/Inf always fail). A reduced CPU
+// precision (--precision fp16-storage: precision.h), a derived package (model.json `precision`
+// fp16-weights / int8-weights) and any Vulkan run are judged by the packaged policy's budget of
+// that mode instead (policy.h), as the Python verify judges them (drivers/verify.judging_mode: a
+// derived package's mode wins over the run's flags, which Python allows on top and so does this).
 #pragma once
 
 #include <filesystem>
@@ -31,6 +33,7 @@ struct VerifyOptions {
     int threads = 1;
     bool vulkan = false;  // needs a Vulkan build; refused (BadPackage-free usage error) otherwise
     bool gemv = true;     // GraphOptions::gemv: ncnnport's one-row InnerProduct on CPU nets
+    std::string precision = "fp32";  // GraphOptions::precision (precision.h); refused if not run here
 };
 
 struct VerifyRow {
@@ -43,7 +46,8 @@ struct VerifyRow {
 struct VerifyResult {
     std::vector<VerifyRow> rows;
     // The policy mode the golden rows were judged in: the package's weight precision (model.json
-    // `precision`, absent = fp32) on the chosen backend, as runtime/precision.judging_mode maps it.
+    // `precision`, absent = fp32), else the run's --precision, on the chosen backend, as
+    // drivers/verify.judging_mode and runtime/precision.judging_mode map them.
     std::string mode;
     bool passed() const;
 };
@@ -56,7 +60,7 @@ VerifyResult verify_goldens(const std::filesystem::path& package, const VerifyOp
 // The Markdown pass/fail table `ncnnport verify` prints, with its "N passed, M failed" line.
 std::string verify_table(const VerifyResult& result);
 
-// "fp32/t1" (+ "/vulkan"): the options label ncnnport's RuntimeOptions prints.
+// "fp32/t1", "fp16_storage/t1" (+ "/vulkan"): the options label ncnnport's RuntimeOptions prints.
 std::string options_label(const VerifyOptions& options);
 
 // The whole `verify` command, shared by `ncnnport-cpp verify` and every per-model executable's

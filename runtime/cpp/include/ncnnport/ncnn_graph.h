@@ -38,6 +38,9 @@ struct GraphOptions {
     // One-row InnerProducts through ncnnport's multi-stream kernel (gemv_layer.h) on CPU nets
     // where the CPU supports it; false: ncnn's built-in InnerProduct (--ncnn-gemv, for comparison).
     bool gemv = true;
+    // A CPU precision of precision.h (--precision): its ncnn flags on every graph. Checked when a
+    // graph opens (a name the runtime does not run, or a reduced one with vulkan, is refused).
+    std::string precision = "fp32";
 };
 
 // True when graphs opened with `options` get the gemv overwrite: asked for, a CPU net, and a CPU
@@ -53,6 +56,17 @@ nlohmann::json gemv_json(const GraphOptions& options);
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
 // before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
 ncnn::Option fp32_options(int threads, bool vulkan);
+// fp32_options with exactly the flags of the precision called `precision` (precision.h, the
+// flags runtime/precision.py sets for that name: Precision.options); std::invalid_argument for a
+// name the C++ runtime does not run or a reduced precision with `vulkan`.
+ncnn::Option precision_options(int threads, bool vulkan, const std::string& precision);
+// Every ncnnport graph notes the ncnn::Option it loads with (Graph, seedvr2::Graph, verify), so a
+// run reports the precision flags its nets carried, not only the name it was asked for.
+void note_graph_option(const ncnn::Option& opt);
+// What a run's --json-out records: {"precision": NAME, "precision_flags": the flags
+// (fp16_storage, fp16_packed, fp16_arithmetic, bf16_storage) of every net opened so far in this
+// process, or null before any opened, or a list of the distinct sets if nets differed}.
+nlohmann::json precision_record(const std::string& precision);
 
 // One input or output of a spec: each axis a fixed size or a symbol ("seq") bound per call.
 struct TensorSpec {

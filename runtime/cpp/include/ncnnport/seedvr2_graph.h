@@ -30,6 +30,7 @@ struct BlobSpec {
 struct RunOptions {
     int threads = 1;
     bool vulkan = false;
+    std::string precision = "fp32";  // a CPU precision of ncnnport/precision.h (--precision)
 };
 
 class Graph {

@@ -1,0 +1,51 @@
+// The CPU precisions the C++ runtime runs (`--precision NAME` of every executable): each one the
+// entry of runtime/precision.py of the same name, with exactly its ncnn option flags and the
+// policy mode that judges it.
+//
+// Why a table here and not a free set of flags: the Python loop, the C++ loop and their benches
+// must mean the same thing by a name. `ncnnport-cpp precisions` prints this table and
+// tests/cpp/test_cpp_precision.py holds it against runtime/precision.py's PRECISIONS (every Python
+// name either accepted here with equal flags and mode, or refused with its reason), so the two
+// cannot drift. Accepted: fp32 and fp16-storage (ncnn's x86 InnerProduct converts its weights to
+// fp16 at load and reads half the bytes; blobs and arithmetic stay fp32; ncnnport's gemv overwrite
+// converts them the same way). Refused: fp16-packed / fp16-arithmetic / bf16 (flags no C++ test
+// covers; bf16 changes the blobs of most x86 layers) and the derived packages' names (their
+// weights are a package, not an ncnn option). Vulkan runs fp32 only (the GPU decode's blobs are
+// float32); a reduced precision there is refused.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ncnnport {
+
+struct CpuPrecision {
+    std::string name;  // runtime/precision.py Precision.name
+    std::string mode;  // Precision.mode: the policy mode that judges a run in this precision
+    // Precision.flags (runtime/precision.py PRECISION_FIELDS); every other ncnn flag stays fp32's
+    bool fp16_storage = false, fp16_packed = false, fp16_arithmetic = false, bf16_storage = false;
+
+    // The flags part of RuntimeOptions.label: "fp32", or the set flags joined by "+".
+    std::string label() const;
+    // {"fp16_storage": bool, "fp16_packed": bool, "fp16_arithmetic": bool, "bf16_storage": bool}
+    nlohmann::json flags_json() const;
+};
+
+// The accepted precisions, fp32 first.
+const std::vector<CpuPrecision>& cpu_precisions();
+// runtime/precision.py's other names with why the C++ runtime refuses each.
+const std::vector<std::pair<std::string, std::string>>& refused_precisions();
+// "fp32, fp16-storage": the accepted names, for messages.
+std::string cpu_precision_names();
+
+// The precision called `name` for a run on the CPU (`vulkan` false) or on Vulkan. Throws
+// std::invalid_argument in one line naming the accepted precisions for a name this runtime does
+// not run, and for a reduced precision with `vulkan` (the executables exit 2 on it).
+const CpuPrecision& checked_precision(const std::string& name, bool vulkan);
+
+// `ncnnport-cpp precisions`: {"accepted": [{name, mode, flags}], "refused": {name: why}}.
+nlohmann::json precisions_table_json();
+
+}  // namespace ncnnport

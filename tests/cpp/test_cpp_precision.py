@@ -1,0 +1,280 @@
+"""``--precision`` of the C++ executables (ncnnport/precision.h) against runtime/precision.py.
+
+Why these tests: a precision name must mean the same ncnn flags and the same judging mode in the
+Python loop, the C++ loop and bench-cpp. The C++ table is held against ``PRECISIONS`` (every Python
+name accepted with equal flags and mode, or refused with a reason, so neither side can add or change
+one alone); ``verify --precision fp16-storage`` must judge by the policy's fp16 mode and give the
+Python verify's verdict row for row under the same options, and the flag must reach ncnn (the rows'
+errors grow); a name the C++ runtime does not run is one line naming the accepted ones, exit 2;
+every executable's JSON says which precision ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ncnnport.runtime.precision import NAMES, PRECISION_FIELDS, PRECISIONS
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
+CPP = Path(os.environ.get("NCNNPORT_CPP_EXE", BUILD / "ncnnport-cpp"))
+EXECUTABLES = ("ncnnport-qwen3-asr", "ncnnport-youtu-vl", "ncnnport-seedvr2")
+
+
+@pytest.fixture(scope="module")
+def cpp_exe(built_cpp) -> Path:
+    return built_cpp(CPP, "NCNNPORT_CPP_EXE")
+
+
+@pytest.fixture(scope="module")
+def build_dir(built_cpp) -> Path:
+    return built_cpp(BUILD / "ncnnport-qwen3-asr", "NCNNPORT_CPP_BUILD").parent
+
+
+def run(*argv: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600, check=False)
+
+
+def cpp_table(cpp_exe: Path) -> dict:
+    res = run(cpp_exe, "precisions")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """name -> (PASS|FAIL, detail) of a verify table's golden rows."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] == "golden":
+            out[cells[1]] = (cells[2], cells[3])
+    return out
+
+
+def one_line_exit_2(res: subprocess.CompletedProcess, *needles: str) -> str:
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# one vocabulary
+
+
+def test_the_cpp_table_is_runtime_precision_py(cpp_exe):
+    """Accepted names carry exactly Precision.flags (every PRECISION_FIELDS entry) and
+    Precision.mode; accepted + refused is exactly runtime/precision.py's vocabulary."""
+    table = cpp_table(cpp_exe)
+    accepted = {p["name"]: p for p in table["accepted"]}
+    assert [p["name"] for p in table["accepted"]][0] == "fp32"
+    assert {"fp32", "fp16-storage"} <= set(accepted)
+    assert set(accepted) | set(table["refused"]) == set(NAMES) and not set(accepted) & set(table["refused"])
+    for name, p in accepted.items():
+        want = PRECISIONS[name]
+        assert p["mode"] == want.mode, name
+        assert p["flags"] == {k: bool(want.flags.get(k, False)) for k in PRECISION_FIELDS}, name
+        assert not want.fp16_weights and not want.int8_weights, name  # a package, never an option
+    assert all(table["refused"][n] for n in table["refused"])  # each refusal says why
+
+
+def test_bench_cpp_offers_what_the_executables_accept(cpp_exe):
+    from ncnnport.drivers.cpp_bench import CPP_PRECISIONS
+
+    assert list(CPP_PRECISIONS) == [p["name"] for p in cpp_table(cpp_exe)["accepted"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals: one line naming the accepted ones, exit 2
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp16-weights", "FP32"])
+def test_verify_refuses_a_precision_it_does_not_run(cpp_exe, package, name):
+    line = one_line_exit_2(run(cpp_exe, "verify", package("qwen3-asr"), "--precision", name),
+                           f"--precision '{name}'", "accepts fp32, fp16-storage")
+    assert line.startswith("verify: ")
+    if name in PRECISIONS:  # a runtime/precision.py name: the reason too
+        assert f"({name}: " in line
+
+
+def test_verify_refuses_a_reduced_precision_on_vulkan(cpp_exe, package):
+    one_line_exit_2(run(cpp_exe, "verify", package("qwen3-asr"), "--precision", "fp16-storage", "--vulkan"),
+                    "fp16-storage is a CPU setting", "--vulkan runs fp32")
+
+
+@pytest.mark.parametrize("exe", EXECUTABLES)
+def test_every_executable_refuses_an_unknown_precision(build_dir, exe, tmp_path):
+    """Before any file is read (the package need not exist), in one line, exit 2; also with
+    --verify, and a reduced precision with --vulkan."""
+    me = f"{exe}: "
+    base = [build_dir / exe, "--package", tmp_path / "nowhere"]
+    run_args = {"ncnnport-qwen3-asr": ["--audio", tmp_path / "a.wav"],
+                "ncnnport-youtu-vl": ["--prompt", "hi"],
+                "ncnnport-seedvr2": ["--input", tmp_path / "i.png", "--output", tmp_path / "o", "--noise", tmp_path / "n.npz"]}
+    for extra in (run_args[exe], ["--verify"]):
+        if exe == "ncnnport-youtu-vl" and extra == ["--verify"]:
+            continue  # no --verify in this executable
+        line = one_line_exit_2(run(*base, *extra, "--precision", "int4"), "--precision 'int4'",
+                               "accepts fp32, fp16-storage")
+        assert line.startswith(me)
+    one_line_exit_2(run(*base, *run_args[exe], "--precision", "fp16-storage", "--vulkan"),
+                    "fp16-storage is a CPU setting")
+
+
+# ---------------------------------------------------------------------------------------------
+# verify --precision fp16-storage: judged as the Python verify judges, the flag reaching ncnn
+
+
+def python_rows(pkg: Path, precision: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """The Python verify under ``precision``'s options (``ncnnport verify`` has no --precision:
+    its functions with the options ``run --precision`` builds): judged mode and golden rows."""
+    from ncnnport.drivers.verify import package_judging_mode, table, verify_package
+    from ncnnport.runtime.options import RuntimeOptions
+    from ncnnport.runtime.precision import get
+
+    options = get(precision).options(RuntimeOptions(num_threads=1))
+    return package_judging_mode(pkg, options), rows(table(verify_package(pkg, options)))
+
+
+def worst(detail: str) -> float:
+    return float(re.fullmatch(r"relative max_abs (\S+)", detail).group(1))
+
+
+def test_fp16_storage_verify_passes_judged_as_fp16_like_the_python_verify(cpp_exe, package):
+    pkg = package("qwen3-asr")
+    cpp = run(cpp_exe, "verify", pkg, "--precision", "fp16-storage")
+    assert cpp.returncode == 0, cpp.stdout + cpp.stderr
+    assert cpp.stdout.splitlines()[0] == f"## verify {pkg} (fp16_storage/t1; judged as fp16; CPU)"
+    mode, py_rows = python_rows(pkg, "fp16-storage")
+    assert mode == "fp16"
+    cpp_rows = rows(cpp.stdout)
+    assert cpp_rows and {k: v[0] for k, v in cpp_rows.items()} == {k: v[0] for k, v in py_rows.items()}
+    assert all(status == "PASS" for status, _ in cpp_rows.values())
+    # the flag reached ncnn, and only its InnerProducts (on x86 the one layer that reads fp16
+    # weights; Gemm, Convolution, Embed and the blobs stay fp32): against the C++ fp32 verify of
+    # the same package, a graph with an InnerProduct errs > 10x more, any other is unchanged
+    fp32 = rows(run(cpp_exe, "verify", pkg).stdout)
+    assert set(fp32) == set(cpp_rows)
+    with_ip = {p.name.split(".")[0] for p in (pkg / "ncnn").glob("*.ncnn.param")
+               if ".gpu." not in p.name and "\nInnerProduct " in p.read_text()}
+    assert {"lm_head", "decode_layer0"} <= with_ip and "prefill_layer0" not in with_ip
+    for name, (_, detail) in cpp_rows.items():
+        if name.split("[")[0] in with_ip:
+            assert worst(detail) > 10 * worst(fp32[name][1]), (name, detail, fp32[name])
+        else:
+            assert detail == fp32[name][1], (name, detail, fp32[name])
+
+
+def test_fp16_storage_verify_fails_what_the_fp16_budget_fails(cpp_exe, package, tmp_path):
+    """The fp16 budget is the policy's: a roundoff rule that gives decode_layer0 no amplification
+    (its fp16 budget falls to the fp32 gate) fails that graph's rows under --precision
+    fp16-storage, as the Python verify fails them, while the fp32 verify still passes."""
+    import shutil
+
+    from tests.cpp.test_cpp_verify import rehash
+
+    pkg = Path(shutil.copytree(package("qwen3-asr"), tmp_path / "pkg"))
+    policy = json.loads((pkg / "policy.json").read_text())
+    policy["roundoff_rule"].setdefault("modules", {})["decode_layer0"] = {"kappa_abs": 1e-6, "kappa_cos": 1e-6}
+    (pkg / "policy.json").write_text(json.dumps(policy))
+    rehash(pkg, "policy.json")
+    got = run(cpp_exe, "verify", pkg, "--precision", "fp16-storage")
+    assert got.returncode == 1, got.stdout + got.stderr
+    failed = sorted(k for k, v in rows(got.stdout).items() if v[0] == "FAIL")
+    assert failed and all(k.startswith("decode_layer0[") for k in failed), failed
+    _, py_rows = python_rows(pkg, "fp16-storage")
+    assert {k: v[0] for k, v in rows(got.stdout).items()} == {k: v[0] for k, v in py_rows.items()}
+    assert run(cpp_exe, "verify", pkg).returncode == 0
+
+
+def test_fp16_storage_on_a_derived_package_is_judged_in_its_weights_precision(cpp_exe):
+    """As drivers/verify.judging_mode: a package's own weight precision wins over the run's flags
+    (Python allows fp16 storage on top of such a package; so does the C++ verify)."""
+    from tests.cpp.packages import tiny_precision_package
+
+    pkg = tiny_precision_package("qwen3-asr", "fp16-weights")
+    cpp = run(cpp_exe, "verify", pkg, "--precision", "fp16-storage")
+    assert "(fp16_storage/t1; judged as fp16_weights; CPU)" in cpp.stdout.splitlines()[0], cpp.stdout + cpp.stderr
+    mode, py_rows = python_rows(pkg, "fp16-storage")
+    assert mode == "fp16_weights"
+    assert {k: v[0] for k, v in rows(cpp.stdout).items()} == {k: v[0] for k, v in py_rows.items()}
+    assert cpp.returncode == (0 if all(v[0] == "PASS" for v in py_rows.values()) else 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# a run records its precision; C++ and Python agree token for token under it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "fp16-storage"])
+def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_dir, package, precision, tmp_path):
+    import soundfile as sf
+
+    from ncnnport.fsutil import read_json
+    from ncnnport.models.qwen3_asr import packaged
+    from ncnnport.models.qwen3_asr.audio import read_audio
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+    from ncnnport.runtime.lazy_modules import LazyModules
+    from ncnnport.runtime.options import RuntimeOptions
+    from ncnnport.runtime.precision import get
+
+    pkg = package("qwen3-asr")
+    audio = tmp_path / "a.wav"
+    sf.write(str(audio), synth_speechlike(3.0, seed=5), 16000, subtype="FLOAT")
+    out = tmp_path / "o.json"
+    extra = [] if precision == "fp32" else ["--precision", precision]
+    res = run(build_dir / "ncnnport-qwen3-asr", "--package", pkg, "--audio", audio, "--max-new-tokens", "40",
+              "--json-out", out, *extra)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(out.read_text())
+    assert got["timing"]["precision"] == precision
+    # read back from the nets the run opened (not the table): the flags reached every graph
+    assert got["timing"]["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
+    if got["timing"]["gemv"] == "ncnnport-avx2":  # the overwrite ran (it reads fp16 weights under fp16 storage)
+        assert got["timing"]["gemv_calls"] > 0
+    options = get(precision).options(RuntimeOptions(num_threads=1))
+    asr = packaged.open_packaged(pkg, read_json(pkg / "model.json"), LazyModules(pkg, options=options))
+    want = packaged.transcribe(asr, read_audio(audio), max_new_tokens=40)
+    assert [c["token_ids"] for c in got["chunks"]] == want.token_ids
+
+
+@pytest.mark.slow
+def test_youtu_vl_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
+    from ncnnport.runtime.precision import get
+
+    out = tmp_path / "o.json"
+    res = run(build_dir / "ncnnport-youtu-vl", "--package", package("youtu-vl"), "--prompt", "describe the sky",
+              "--max-new-tokens", "3", "--json-out", out, "--precision", "fp16-storage")
+    assert res.returncode == 0, res.stderr
+    timing = json.loads(out.read_text())["timing"]
+    assert timing["precision"] == "fp16-storage"
+    assert timing["precision_flags"] == {k: bool(get("fp16-storage").flags.get(k, False)) for k in PRECISION_FIELDS}
+
+
+@pytest.mark.slow
+def test_seedvr2_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
+    """The image loop too: --precision fp16-storage runs a packaged case and its JSON (top level)
+    names the precision and the flags its nets carried; fp32 says fp32."""
+    from ncnnport.runtime.precision import get
+
+    pkg = package("seedvr2")
+    case = sorted(p.parent for p in (pkg / "cases").glob("*/case.json"))[0]
+    area = json.loads((case / "case.json").read_text())["args"]["area"]
+    for name in ("fp16-storage", "fp32"):
+        out = tmp_path / name
+        res = run(build_dir / "ncnnport-seedvr2", "--package", pkg, "--input", case / "input.png", "--output",
+                  out / "frames", "--noise", case / "noise.npz", "--area", str(area), "--json-out", out / "run.json",
+                  *(["--precision", name] if name != "fp32" else []))
+        assert res.returncode == 0, res.stderr
+        assert f"[{get(name).options().label.split('/')[0]}/t1" in res.stdout  # fp16_storage/t1 or fp32/t1
+        doc = json.loads((out / "run.json").read_text())
+        assert doc["precision"] == name
+        assert doc["precision_flags"] == {k: bool(get(name).flags.get(k, False)) for k in PRECISION_FIELDS}
