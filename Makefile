@@ -88,10 +88,10 @@ clean:
 
 # C++ runtime (runtime/cpp): the pinned ncnn sdist built once, static, into
 # ~/.cache/ncnnport/ncnn-<version>-<options hash>/ (only the layer types of runtime/cpp/ncnn_layers.txt;
-# VULKAN=1 adds the Vulkan backend, NCNN_ISA=all keeps every x86 ISA copy), then the ncnnport_rt
+# VULKAN=1 adds the Vulkan backend, NCNN_ISA=avx2 drops the AVX-512 copy, NCNN_ISA=all keeps every x86 ISA copy), then the ncnnport_rt
 # library and the ncnnport-cpp executable in build/cpp[-vulkan]/. Installs missing apt packages.
 VULKAN ?=
-NCNN_ISA ?= avx2
+NCNN_ISA ?= avx512
 NCNN_OPTS = --isa $(NCNN_ISA) $(if $(filter 1,$(VULKAN)),--vulkan)
 CPP_BUILD = build/cpp$(if $(filter 1,$(VULKAN)),-vulkan)
 

@@ -9,8 +9,8 @@ ISA copy) takes over 30 minutes on a 2-core machine. So this script
   its version, so ``pip download ncnn==1.0.20261020`` rejects its own file),
 * keeps only the layer types our packages use (``ncnn_layers.txt``) plus every layer those layers
   or ncnn's core create internally (closure found by scanning the sources for ``LayerType::X``),
-* keeps the x86 runtime-dispatch copies for AVX/FMA/F16C/AVX2 only (``--isa all`` keeps ncnn's
-  defaults: AVX-512, VNNI, FMA4, XOP...),
+* keeps the x86 runtime-dispatch copies for AVX/FMA/F16C/AVX2 and AVX-512 (``--isa avx2`` drops
+  AVX-512, ``--isa all`` keeps ncnn's defaults: VNNI, FMA4, XOP...),
 * builds in a temporary folder and renames it into ``~/.cache/ncnnport/ncnn-<version>-<hash>/``
   only after ``cmake --install`` succeeded, so a failed build never leaves a half cache.
 
@@ -66,12 +66,17 @@ ISA_OFF = {
     "avx2": ("NCNN_FMA4", "NCNN_XOP", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8", "NCNN_AVXVNNIINT16",
              "NCNN_AVXNECONVERT", "NCNN_AVX512", "NCNN_AVX512VNNI", "NCNN_AVX512BF16",
              "NCNN_AVX512FP16"),
+    # "avx2" plus ncnn's AVX-512 (F/CD/BW/DQ/VL) copy: the copy the PyPI wheel dispatches to on
+    # AVX-512 servers (Xeon since Skylake-SP, Zen 4); its VNNI/BF16/FP16 copies stay off (int8 and
+    # bf16/fp16 arithmetic kernels, which no package runs on the CPU).
+    "avx512": ("NCNN_FMA4", "NCNN_XOP", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8", "NCNN_AVXVNNIINT16",
+               "NCNN_AVXNECONVERT", "NCNN_AVX512VNNI", "NCNN_AVX512BF16", "NCNN_AVX512FP16"),
     "all": (),
     "armv82": ("NCNN_ARM82DOT", "NCNN_ARM82FP16FML", "NCNN_ARM84BF16", "NCNN_ARM84I8MM", "NCNN_ARM86SVE",
                "NCNN_ARM86SVE2", "NCNN_ARM86SVEBF16", "NCNN_ARM86SVEI8MM", "NCNN_ARM86SVEF32MM"),
 }
 # The ISA sets each target may build (the first is its default).
-TARGET_ISAS = {"host": ("avx2", "all"), "aarch64": ("armv82", "all")}
+TARGET_ISAS = {"host": ("avx512", "avx2", "all"), "aarch64": ("armv82", "all")}
 BASE_CMAKE_ARGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DNCNN_SHARED_LIB=OFF", "-DNCNN_BUILD_TOOLS=OFF",
     "-DNCNN_BUILD_EXAMPLES=OFF", "-DNCNN_BUILD_BENCHMARK=OFF", "-DNCNN_BUILD_TESTS=OFF",

@@ -146,9 +146,10 @@ def test_cache_folder_is_keyed_by_every_option():
     b = build_script()
     base = b.build_options(["Input"], vulkan=False, isa="avx2")
     variants = [b.build_options(["Input", "Gemm"], False, "avx2"), b.build_options(["Input"], True, "avx2"),
-                b.build_options(["Input"], False, "all"), {**base, "version": "1.0.0"}]
+                b.build_options(["Input"], False, "all"), b.build_options(["Input"], False, "avx512"),
+                {**base, "version": "1.0.0"}]
     names = {b.install_dir(o).name for o in variants} | {b.install_dir(base).name}
-    assert len(names) == 5
+    assert len(names) == 6
     assert b.install_dir(b.build_options(["Input"], False, "avx2")) == b.install_dir(base)
     assert b.install_dir(base).name.startswith(f"ncnn-{b.NCNN_VERSION}-")
 
@@ -195,7 +196,7 @@ def test_successful_build_is_renamed_whole_and_then_a_cache_hit(tmp_path, monkey
 def test_cache_hit_of_the_real_script_takes_seconds(tmp_path):
     """A second `build_ncnn.py` run finds the stamp and prints the same folder (no pip, no cmake)."""
     b = build_script()
-    options = b.build_options(b.read_layer_list(), False, "avx2")
+    options = b.build_options(b.read_layer_list(), False, b.default_isa("host"))
     if not b.cached(b.install_dir(options), options):
         pytest.skip("ncnn not built yet (make cpp)")
     start = time.monotonic()
@@ -218,7 +219,7 @@ def test_links_the_pinned_ncnn(cpp_exe):
 def test_make_cpp_relinks_the_current_ncnn_after_an_options_change(cpp_exe, tmp_path):
     """A CMake cache still naming another ncnn install (other options) is overridden, not kept."""
     b = build_script()
-    prefix = b.install_dir(b.build_options(b.read_layer_list(), False, "avx2"))
+    prefix = b.install_dir(b.build_options(b.read_layer_list(), False, b.default_isa("host")))
     other = shutil.copytree(prefix, tmp_path / "ncnn-other-options")
     cache = ROOT / "build" / "cpp" / "CMakeCache.txt"
     subprocess.run(["cmake", "-S", str(CPP), "-B", str(cache.parent), f"-Dncnn_DIR={other}/lib/cmake/ncnn"],

@@ -109,13 +109,35 @@ def run_exe(argv: list[str]) -> dict:
     return json.loads(out.read_text())
 
 
+def cpu_flags() -> set[str]:
+    """This machine's x86 feature flags (/proc/cpuinfo), empty where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
+def assert_auto_rule(auto: dict) -> None:
+    """The default (Auto) leaves one-row products to ncnn exactly where ncnn runs its AVX-512
+    copy, which the default build (--isa avx512) has on every CPU with AVX-512F."""
+    timing = auto["timing"]
+    assert timing["gemv_ncnn_avx512"] == ("avx512f" in cpu_flags())
+    assert timing["gemv"] == ("ncnn" if timing["gemv_ncnn_avx512"] else "ncnnport-avx2")
+    assert (timing["gemv_calls"] > 0) == (timing["gemv"] == "ncnnport-avx2")
+
+
 @pytest.mark.slow
 def test_qwen3_asr_json_names_the_kernel_and_ids_do_not_change(built_cpp, package, speech, tmp_path):
     exe = built_cpp(BUILD / "ncnnport-qwen3-asr", "NCNNPORT_CPP_BUILD")
     pkg = package("qwen3-asr")
     base = [str(exe), "--package", str(pkg), "--audio", str(speech), "--max-new-tokens", "24"]
-    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json")])
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json"), "--gemv-kernel"])
     builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
+    auto = run_exe([*base, "--json-out", str(tmp_path / "auto.json")])
+    if {"avx2", "fma", "f16c"} <= cpu_flags():
+        assert_auto_rule(auto)
+    assert [c["token_ids"] for c in auto["chunks"]] == [c["token_ids"] for c in builtin["chunks"]]
     if ours["timing"]["gemv"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
     assert ours["timing"]["gemv"] == "ncnnport-avx2" and builtin["timing"]["gemv"] == "ncnn"
@@ -133,7 +155,7 @@ def test_youtu_vl_json_names_the_layer_and_ids_do_not_change(built_cpp, package,
     exe = built_cpp(BUILD / "ncnnport-youtu-vl", "NCNNPORT_CPP_BUILD")
     pkg = package("youtu-vl")
     base = [str(exe), "--package", str(pkg), "--prompt", "Tell me a short story.", "--max-new-tokens", "24"]
-    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json")])
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json"), "--gemv-kernel"])
     builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
     if ours["timing"]["gemv"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")

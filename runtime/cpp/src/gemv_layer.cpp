@@ -1,5 +1,6 @@
 #include "ncnnport/gemv_layer.h"
 
+#include <cpu.h>
 #include <layer.h>
 #include <layer_type.h>
 #include <mat.h>
@@ -368,6 +369,14 @@ void destroy_gemv_layer(ncnn::Layer* layer, void*) { delete layer; }
 bool gemv_layer_supported() {
 #if NCNNPORT_GEMV_X86
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+bool gemv_builtin_avx512() {
+#if NCNN_AVX512
+    return ncnn::cpu_support_x86_avx512() != 0;
 #else
     return false;
 #endif

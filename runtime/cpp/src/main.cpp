@@ -7,7 +7,7 @@
 //   ncnnport-cpp tokenize TOKENIZER.json --decode [--keep-special]
 //                                              ids (whitespace separated) on stdin -> text
 //   ncnnport-cpp version                        ncnn version linked in
-//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]
+//   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //                                              manifest + every graph's golden vectors through
 //                                              ncnn::Net, judged as `ncnnport verify` judges
 //                                              (--precision: fp32 or fp16-storage, precision.h;
@@ -46,7 +46,7 @@ int usage() {
     std::cerr << "usage: ncnnport-cpp check PACKAGE\n"
                  "       ncnnport-cpp tokenize TOKENIZER.json (TEXT | --jsonl | --decode [--keep-special])\n"
                  "       ncnnport-cpp version\n"
-                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]\n"
+                 "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n"
                  "       ncnnport-cpp gates POLICY.json MODE MODULE\n"
                  "       ncnnport-cpp precisions\n";
     return 2;
@@ -119,7 +119,7 @@ int cmd_version() {
 }
 
 #ifdef NCNNPORT_WITH_NCNN
-// Parse `PACKAGE [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]`; false on a usage
+// Parse `PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]`; false on a usage
 // error (a precision name is checked by run_verify: one line naming the accepted ones, exit 2).
 bool parse_verify_args(const std::vector<std::string>& args, std::string& package, ncnnport::VerifyOptions& opts) {
     for (size_t i = 0; i < args.size(); ++i) {
@@ -127,8 +127,7 @@ bool parse_verify_args(const std::vector<std::string>& args, std::string& packag
             opts.vulkan = true;
         } else if (args[i] == "--precision" && i + 1 < args.size()) {
             opts.precision = args[++i];
-        } else if (args[i] == "--ncnn-gemv") {
-            opts.gemv = false;
+        } else if (ncnnport::parse_gemv_flag(args[i], opts.gemv)) {
         } else if (args[i] == "--threads" && i + 1 < args.size()) {
             size_t used = 0;
             try {

@@ -161,14 +161,18 @@ nlohmann::json precision_record(const std::string& precision) {
     return {{"precision", precision}, {"precision_flags", flags}};
 }
 
-bool gemv_active(const GraphOptions& options) { return options.gemv && !options.vulkan && gemv_layer_supported(); }
+bool gemv_active(const GraphOptions& options) {
+    if (options.vulkan || options.gemv == GemvChoice::Ncnn || !gemv_layer_supported()) return false;
+    return options.gemv == GemvChoice::Kernel || !gemv_builtin_avx512();
+}
 
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
     return gemv_active(options) && register_gemv_layer(net);
 }
 
 nlohmann::json gemv_json(const GraphOptions& options) {
-    return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()}};
+    return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
+            {"gemv_ncnn_avx512", gemv_builtin_avx512()}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

@@ -2,8 +2,8 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE] [--ncnn-gemv] [--precision fp32|fp16-storage]
-//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]
+//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]
+//   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
 // cut -> per chunk: log-mel, encoder, prompt ids, greedy decode over the KV cache, official
@@ -44,7 +44,7 @@ struct Args {
     double max_chunk_seconds = -1;
     bool vulkan = false, check = true, host_kv = false;
     bool verify = false;  // the package's golden vectors instead of a transcription
-    bool gemv = true;     // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
+    ncnnport::GemvChoice gemv = ncnnport::GemvChoice::Auto;  // --ncnn-gemv / --gemv-kernel (ncnn_graph.h)
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
 };
 
@@ -54,15 +54,15 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE] [--ncnn-gemv] [--precision fp32|fp16-storage]\n"
-    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv] [--precision NAME]\n";
+    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]\n"
+    "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
 void check_verify_args(const Args& a) {
     if (a.package.empty()) throw UsageError("--verify needs --package");
     if (!a.audio.empty() || !a.language.empty() || !a.json_out.empty() || !a.mel_out.empty() || a.max_new_tokens >= 0
         || a.max_chunk_seconds > 0 || !a.check || a.host_kv)
-        throw UsageError("--verify takes only --package, --threads, --vulkan, --ncnn-gemv and --precision");
+        throw UsageError("--verify takes only --package, --threads, --vulkan, --ncnn-gemv, --gemv-kernel and --precision");
 }
 
 Args parse_args(int argc, char** argv) {
@@ -90,7 +90,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--host-kv") a.host_kv = true;
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--verify") a.verify = true;
-        else if (flag == "--ncnn-gemv") a.gemv = false;
+        else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
         else if (flag == "--precision") a.precision = value();
         else throw UsageError("unknown option " + flag);
     }

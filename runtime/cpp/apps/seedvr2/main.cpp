@@ -270,7 +270,7 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
     try {
         const Args args = parse(argc, argv);
-        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, true, args.precision},
+        if (args.verify) return ncnnport::run_verify(args.package, {args.threads, args.vulkan, ncnnport::GemvChoice::Auto, args.precision},
                                                       "ncnnport-seedvr2: ");
         return run(args);
     } catch (const InputError& e) {

@@ -4,7 +4,7 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
-//                     [--ncnn-gemv] [--precision fp32|fp16-storage]
+//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -38,7 +38,7 @@ struct Args {
     int max_new_tokens = -1;  // -1: model.json's generation.max_new_tokens
     int64_t max_patches = -1;  // -1: model.json's preprocessing.max_num_patches
     bool vulkan = false, check = true, preprocess_only = false;
-    bool gemv = true;  // false (--ncnn-gemv): ncnn's built-in InnerProduct for one-row products
+    ncnnport::GemvChoice gemv = ncnnport::GemvChoice::Auto;  // --ncnn-gemv / --gemv-kernel (ncnn_graph.h)
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
@@ -52,7 +52,7 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv] [--precision fp32|fp16-storage]\n";
+    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -72,7 +72,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--max-patches") a.max_patches = int_arg(flag, value(), kMinPatches);
         else if (flag == "--vulkan") a.vulkan = true;
         else if (flag == "--no-check") a.check = false;
-        else if (flag == "--ncnn-gemv") a.gemv = false;
+        else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
         else if (flag == "--precision") a.precision = value();
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {

@@ -20,6 +20,14 @@ namespace ncnnport {
 // false everywhere else (aarch64 builds compile the layer but never register it).
 bool gemv_layer_supported();
 
+// True where ncnn's own InnerProduct runs its AVX-512 copy: this ncnn was built with it
+// (build_ncnn.py --isa avx512, the default) and the CPU has AVX-512F. Measured (qwen3-asr real
+// widths, 4 layers, 1 thread, C++ decode ms/token): on an Intel Xeon (AVX-512, 14 GB/s) ncnn's
+// AVX-512 copy beat this kernel 1.3-1.45x (60-71 vs 73-95), while the kernel beat ncnn's AVX2 copy
+// 1.1-1.25x there and on an AMD EPYC (Zen 4), where ncnn's AVX-512 copy and this kernel were within
+// 0-15 % of each other. So the default (GemvChoice::Auto) leaves AVX-512 CPUs to ncnn.
+bool gemv_builtin_avx512();
+
 // Registers the overwrite of "InnerProduct" on `net`; call before net.load_param. Returns false,
 // registering nothing, where gemv_layer_supported() is false.
 bool register_gemv_layer(ncnn::Net& net);

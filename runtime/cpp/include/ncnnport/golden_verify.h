@@ -15,6 +15,8 @@
 #pragma once
 
 #include <filesystem>
+
+#include "ncnnport/gemv_choice.h"
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,7 +34,7 @@ public:
 struct VerifyOptions {
     int threads = 1;
     bool vulkan = false;  // needs a Vulkan build; refused (BadPackage-free usage error) otherwise
-    bool gemv = true;     // GraphOptions::gemv: ncnnport's one-row InnerProduct on CPU nets
+    GemvChoice gemv = GemvChoice::Auto;  // GraphOptions::gemv: which one-row InnerProduct runs
     std::string precision = "fp32";  // GraphOptions::precision (precision.h); refused if not run here
 };
 

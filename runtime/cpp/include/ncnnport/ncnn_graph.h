@@ -10,6 +10,7 @@
 
 #include <net.h>  // ncnn
 #include <nlohmann/json.hpp>
+#include "ncnnport/gemv_choice.h"
 #if NCNN_VULKAN
 #include <command.h>  // ncnn::VkCompute
 #endif
@@ -35,22 +36,21 @@ public:
 struct GraphOptions {
     int threads = 1;
     bool vulkan = false;  // needs ncnn built with NCNN_VULKAN (make cpp VULKAN=1)
-    // One-row InnerProducts through ncnnport's multi-stream kernel (gemv_layer.h) on CPU nets
-    // where the CPU supports it; false: ncnn's built-in InnerProduct (--ncnn-gemv, for comparison).
-    bool gemv = true;
+    GemvChoice gemv = GemvChoice::Auto;
     // A CPU precision of precision.h (--precision): its ncnn flags on every graph. Checked when a
     // graph opens (a name the runtime does not run, or a reduced one with vulkan, is refused).
     std::string precision = "fp32";
 };
 
-// True when graphs opened with `options` get the gemv overwrite: asked for, a CPU net, and a CPU
-// that supports it.
+// True when graphs opened with `options` get the gemv overwrite: a CPU net, a CPU that runs the
+// kernel, and GemvChoice Kernel, or Auto without ncnn's AVX-512 copy at work.
 bool gemv_active(const GraphOptions& options);
 // Registers the gemv overwrite on `net` (before load_param) when gemv_active(options); true when
 // it was registered.
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
-// What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), and the one-row products the
-// overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran).
+// What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), the one-row products the
+// overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran), and
+// whether ncnn's own InnerProduct runs its AVX-512 copy here ("gemv_ncnn_avx512", the Auto rule).
 nlohmann::json gemv_json(const GraphOptions& options);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
