@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ncnnport.runtime.precision import NAMES, PRECISION_FIELDS, PRECISIONS
+from tests.cpp.verify_table import rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -45,16 +46,6 @@ def cpp_table(cpp_exe: Path) -> dict:
     res = run(cpp_exe, "precisions")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
-
-
-def rows(stdout: str) -> dict[str, tuple[str, str]]:
-    """name -> (PASS|FAIL, detail) of a verify table's golden rows."""
-    out = {}
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] == "golden":
-            out[cells[1]] = (cells[2], cells[3])
-    return out
 
 
 def one_line_exit_2(res: subprocess.CompletedProcess, *needles: str) -> str:

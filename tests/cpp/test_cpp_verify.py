@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cpp.verify_table import rows
+
 ROOT = Path(__file__).resolve().parents[2]
 EXE = Path(os.environ.get("NCNNPORT_CPP_EXE", ROOT / "build" / "cpp" / "ncnnport-cpp"))
 MODELS = ("qwen3-asr", "youtu-vl", "seedvr2")
@@ -67,16 +69,6 @@ def rewrite_golden(pkg: Path, module: str, change) -> None:
     np.savez(buf, **arrays)
     path.write_bytes(buf.getvalue())
     rehash(pkg, f"golden/{module}.npz")
-
-
-def rows(stdout: str) -> dict[str, tuple[str, str]]:
-    """name -> (PASS|FAIL, detail) of a verify table's golden rows."""
-    out = {}
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[0] == "golden":
-            out[cells[1]] = (cells[2], cells[3])
-    return out
 
 
 def python_verify(pkg: Path) -> subprocess.CompletedProcess:
