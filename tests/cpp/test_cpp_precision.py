@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ncnnport.runtime.precision import NAMES, PRECISION_FIELDS, PRECISIONS
-from tests.cpp.verify_table import rows
+from tests.cpp.verify_table import one_line_exit_2, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -46,15 +46,6 @@ def cpp_table(cpp_exe: Path) -> dict:
     res = run(cpp_exe, "precisions")
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
-
-
-def one_line_exit_2(res: subprocess.CompletedProcess, *needles: str) -> str:
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cpp.verify_table import rows
+from tests.cpp.verify_table import one_line_exit_2, rows
 
 ROOT = Path(__file__).resolve().parents[2]
 EXE = Path(os.environ.get("NCNNPORT_CPP_EXE", ROOT / "build" / "cpp" / "ncnnport-cpp"))
@@ -192,14 +192,6 @@ def test_manifest_mismatch_runs_nothing(cpp_exe, package, tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # a package that cannot be judged: exit 2, one line
-
-
-def one_line_exit_2(res: subprocess.CompletedProcess, *needles: str) -> None:
-    assert res.returncode == 2, res.stdout + res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_truncated_npz_is_exit_2(cpp_exe, package, tmp_path):
