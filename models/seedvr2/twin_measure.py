@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,21 +19,20 @@ import numpy as np
 
 
 def agreement(ref: np.ndarray, got: np.ndarray) -> str:
-    """max_abs (with max|ref|) and the global cosine of ``got`` against ``ref``."""
-    a, b = ref.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)
-    cos = float(a @ b / np.sqrt((a @ a) * (b @ b)))
-    return f"max_abs {np.abs(a - b).max():.3e} (max|ref| {np.abs(a).max():.3f}), cosine {cos:.8f}"
+    """max_abs (with max|ref|) and the global cosine of ``got`` against ``ref`` (metrics.compare)."""
+    from ncnnport.metrics import compare
+
+    st = compare(ref, got, what="twin_measure")
+    return f"max_abs {st.max_abs:.3e} (max|ref| {st.ref_absmax:.3f}), cosine {st.cosine:.8f}"
 
 
 def rotated_rounds(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call, every callable once per round, the order rotated each round."""
-    names, times = list(calls), {k: [] for k in calls}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            calls[k]()
-            times[k].append(time.perf_counter() - t0)
-    return times
+    """Seconds per call, every callable once per round, the order rotated each round
+    (perf_timing.interleaved_ms)."""
+    from ncnnport.runtime.perf_timing import interleaved_ms
+
+    times = interleaved_ms(list(calls.values()), rounds)
+    return {k: [ms / 1e3 for ms in t] for k, t in zip(calls, times)}
 
 
 def main(argv: list[str] | None = None) -> int:
