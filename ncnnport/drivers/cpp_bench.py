@@ -64,7 +64,7 @@ from ncnnport.drivers.cpp_parity import (REPO_ROOT, CppRuntimeError, find_execut
 from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
-from ncnnport.drivers.torch_ratio import read_bandwidth
+from ncnnport.drivers.torch_ratio import bound_row, read_bandwidth
 from ncnnport.runtime.perf_timing import ratio_estimate
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 
@@ -291,23 +291,31 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
 
 
 def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None,
-              precision: str = "fp32") -> None:
-    """Each decode runtime's per-token ms as a percentage of the bandwidth bound: the weights one
-    token reads (layers, final norm, head) under ``precision`` (the port's ``bench_bytes``:
-    InnerProduct weights at ``Precision.inner_product_weight_bytes``, the rest at 4) over the read
-    bandwidth measured in the same run (``torch_ratio.read_bandwidth``, at the bench's threads).
-    Nothing when either is unknown."""
+              precision: str = "fp32", fp32_weight_bytes: int | None = None) -> None:
+    """Each decode runtime's per-token ms as a percentage of the bandwidth bound
+    (``torch_ratio.bound_row``, bench-perf's rule): the weights one token reads (layers, final
+    norm, head) over the read bandwidth measured in the same run (``torch_ratio.read_bandwidth``,
+    at the bench's threads). The ncnn loops (C++, Python) read ``token_weight_bytes``, the port's
+    ``bench_bytes`` under ``precision`` (InnerProduct weights at
+    ``Precision.inner_product_weight_bytes``, the rest at 4); torch eager runs fp32 and is judged
+    against the fp32 bytes (``fp32_weight_bytes``, default the same), never against a bound it
+    never had to meet. Nothing when the bytes or the bandwidth are unknown."""
     from ncnnport.runtime.precision import get
 
     if not token_weight_bytes or not read_gbps:
         return
-    bound_ms = token_weight_bytes / (read_gbps * 1e9) * 1e3
-    row["bound"] = {"token_weight_bytes": int(token_weight_bytes), "read_gbps": read_gbps, "bound_ms": bound_ms,
-                    "target_pct": BOUND_TARGET, "precision": precision,
-                    "inner_product_weight_bytes": get(precision).inner_product_weight_bytes}
-    for name in RUNTIMES:
-        if name in row:
-            row[name]["pct_of_bound"] = 100 * bound_ms / row[name]["per_token_ms"]["median"]
+    nbytes, fp32 = {"weights": int(token_weight_bytes)}, {"weights": int(fp32_weight_bytes or token_weight_bytes)}
+    median = {name: row[name]["per_token_ms"]["median"] for name in RUNTIMES if name in row}
+    cpp = bound_row(median["cpp"], nbytes, read_gbps, {"torch": median.get("torch")}, fp32)
+    row["bound"] = {"token_weight_bytes": nbytes["weights"], "fp32_weight_bytes": fp32["weights"],
+                    "read_gbps": read_gbps, "bound_ms": cpp["bound_weights_ms"],
+                    "fp32_bound_ms": cpp["fp32_bound_weights_ms"], "target_pct": BOUND_TARGET,
+                    "precision": precision, "inner_product_weight_bytes": get(precision).inner_product_weight_bytes}
+    row["cpp"]["pct_of_bound"] = cpp["ncnn_pct_of_bound"]
+    if "python" in median:
+        row["python"]["pct_of_bound"] = bound_row(median["python"], nbytes, read_gbps)["ncnn_pct_of_bound"]
+    if "torch_pct_of_bound" in cpp:
+        row["torch"]["pct_of_bound"] = cpp["torch_pct_of_bound"]
     row["bound"]["cpp_met"] = row["cpp"]["pct_of_bound"] >= BOUND_TARGET
 
 
@@ -445,13 +453,12 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
               threads: int = 1, torch: bool = True, log: Callable[[str], None] = print, vulkan: bool = False,
               torch_device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
     """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
-    from ncnnport.runtime.precision import get
-
     model = prep.target.model
     check_options(model, rounds, new_tokens, vulkan, torch_device, torch, precision)
     exe = bench_executable(prep.port.cpp_executable, vulkan)
     # the bound's bytes (under the precision) need the reference's shapes: read them before it is released
     token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", precision) or {}).get("weights")
+    fp32_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", "fp32") or {}).get("weights")
     released = release_reference(prep.loaded)
     bandwidth: dict[str, float] | None = None
     load_before = os.getloadavg()
@@ -468,7 +475,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             bandwidth = max(before, read_bandwidth(), key=lambda b: b["read_gbps"]) if before else None
             for row in rows:
                 if "per_token_ms" in row.get("cpp", {}):
-                    add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"], precision)
+                    add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"], precision, fp32_bytes)
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
@@ -586,9 +593,12 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
     width = b.get("inner_product_weight_bytes", 4)
     weights = ("fp32 weights" if width == 4 else
                f"weights ({b['precision']}: InnerProduct weights at {width} bytes, the rest at 4)")
+    torch_bound = ("" if b.get("fp32_weight_bytes", b["token_weight_bytes"]) == b["token_weight_bytes"] else
+                   f" Torch (fp32) against its own: {b['fp32_weight_bytes'] / 1e6:.0f} MB = "
+                   f"{b['fp32_bound_ms']:.2f} ms.")
     lines = ["", f"Bandwidth bound: {b['token_weight_bytes'] / 1e6:.0f} MB of {weights} per token (layers, "
              f"final norm, head) at {b['read_gbps']:.1f} GB/s read bandwidth (measured in this run, "
-             f"{report['threads']} thread(s)) = {b['bound_ms']:.2f} ms per token.", "",
+             f"{report['threads']} thread(s)) = {b['bound_ms']:.2f} ms per token.{torch_bound}", "",
              "| case | C++ % of bound | Python ncnn % of bound | torch % of bound | target: C++ token >= 85 % |",
              "|---|---|---|---|---|"]
     for r in rows:
@@ -614,7 +624,7 @@ def devices_text(report: Mapping[str, Any]) -> str:
 
 def heading(report: Mapping[str, Any]) -> str:
     """The machine line (``runtime.machine.table_heading``) plus what was run and where."""
-    from ncnnport.drivers.torch_ratio import read_bandwidth
+    from ncnnport.drivers.torch_ratio import bound_row, read_bandwidth
     from ncnnport.runtime.machine import cpu_record, table_heading
 
     what = (f"{report['model']} preset {report['preset']}" + (f", {report['layers']} layers" if report["layers"] else "")

@@ -99,6 +99,14 @@ def test_the_bound_of_fp16_storage_counts_2_byte_inner_product_weights():
     fp32 = cpp_bench.decode_row("P=100", runs, new_tokens=4)
     cpp_bench.add_bound(fp32, 2_000_000_000, 20.0)
     assert fp32["bound"]["inner_product_weight_bytes"] == 4
+    # torch eager runs fp32 beside an fp16 ncnn run: it is judged against the fp32 bytes it reads
+    with_torch = {**runs, "torch": [run("torch", ids, 0.3)] * 3}
+    half = cpp_bench.decode_row("P=100", with_torch, new_tokens=4)
+    cpp_bench.add_bound(half, 1_000_000_000, 20.0, "fp16-storage", fp32_weight_bytes=2_000_000_000)
+    assert half["cpp"]["pct_of_bound"] == pytest.approx(100.0)  # 50 ms bound, 50 ms per token
+    assert half["torch"]["pct_of_bound"] == pytest.approx(100.0)  # 100 ms fp32 bound, 100 ms per token
+    assert "Torch (fp32) against its own: 2000 MB = 100.00 ms." in "\n".join(
+        cpp_bench.bound_lines({"rows": [half], "threads": 1}))
     assert "2000 MB of fp32 weights per token" in "\n".join(cpp_bench.bound_lines({"rows": [fp32], "threads": 1}))
 
 
@@ -452,9 +460,12 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
                                  log=lambda _m: None, precision="fp16-storage")
     assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--precision", "fp16-storage"]] * 2
-    assert port.contexts[0].precision == "fp16-storage" and asked == [("token", "1", "fp16-storage")]
+    # the ncnn loops' bytes under the precision, and torch's fp32 bytes for its own bound
+    assert port.contexts[0].precision == "fp16-storage"
+    assert asked == [("token", "1", "fp16-storage"), ("token", "1", "fp32")]
     (row,) = report["rows"]
     assert row["bound"]["token_weight_bytes"] == 1_000_000_000 and row["bound"]["inner_product_weight_bytes"] == 2
+    assert row["bound"]["fp32_weight_bytes"] == 2_000_000_000
     assert row["bound"]["bound_ms"] == pytest.approx(50.0)
     assert report["precision"] == "fp16-storage" and report["precision_flags"]["fp16_storage"]
     assert not any(v for k, v in report["precision_flags"].items() if k != "fp16_storage")
