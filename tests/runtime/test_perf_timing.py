@@ -83,7 +83,11 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-N = 75_000
+# b = busy(N) takes ~17 ms here: several scheduler time slices (~3 ms), so three loaders pinned to
+# its CPU take their share of every call. At 75_000 (~3 ms, one slice) a call either ran whole or
+# waited whole slices: CI read a loaded interval of [1.16, 8.63] and block timing under the load
+# at 2.09, i.e. the load had missed the timed b calls, and the test failed a healthy timer.
+N = 400_000
 
 
 def test_interleaved_ratio_holds_the_true_ratio_under_a_load_that_block_timing_does_not(one_cpu) -> None:
