@@ -30,7 +30,8 @@ class BenchContext:
     whether the ncnn runtimes run on Vulkan (``--vulkan``: the Python loop's graphs then open on
     the Vulkan device, as ``verify --backend vulkan`` opens them), the torch device of the
     reference column (``--torch-device``; the driver has checked that the port serves it) and the
-    ``runtime.precision`` name the ncnn runtimes run (``--precision``; torch stays fp32)."""
+    ``runtime.precision`` name the ncnn runtimes run (``--precision``; torch stays fp32), and
+    whether their CPU weights go onto huge pages (``--huge-pages``, ``RuntimeOptions.huge_pages``)."""
 
     loaded: LoadedModel
     package: Path
@@ -39,6 +40,7 @@ class BenchContext:
     vulkan: bool = False
     torch_device: str = "cpu"
     precision: str = "fp32"
+    huge_pages: bool = False
 
 
 @dataclass
@@ -105,7 +107,8 @@ def ncnn_modules(ctx: BenchContext, lazy: bool = False) -> Any:
     from ncnnport.runtime.options import RuntimeOptions
     from ncnnport.runtime.precision import get
 
-    options = get(ctx.precision).options(RuntimeOptions(num_threads=ctx.threads, use_vulkan=ctx.vulkan))
+    options = get(ctx.precision).options(RuntimeOptions(num_threads=ctx.threads, use_vulkan=ctx.vulkan,
+                                                        huge_pages=ctx.huge_pages))
     return LazyModules(ctx.package, options=options) if lazy else open_ncnn_modules(ctx.package, options=options)
 
 

@@ -340,7 +340,7 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
     ok = True
     for t in _targets(args):
         check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch,
-                      args.precision)
+                      args.precision, args.huge_pages)
     for t in _targets(args):
         with _locked(t, args):
             prep = prepare(t)
@@ -348,7 +348,7 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
             sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
             report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
                                   t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device,
-                                  args.precision)
+                                  args.precision, args.huge_pages)
         ok = ok and report["passed"]
     return 0 if ok else 1
 
@@ -552,6 +552,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="runtime/precision.py name both ncnn loops run (the executable's --precision, the Python "
                         "graphs' options): fp32 (default) or fp16-storage; the bound counts InnerProduct weights "
                         "at that precision's width; torch stays fp32")
+    p.add_argument("--huge-pages", action="store_true",
+                   help="decode models: both ncnn loops collapse their loaded weights onto 2 MiB pages (the "
+                        "executables' --huge-pages, RuntimeOptions.huge_pages; the Python loop's pass also takes "
+                        "torch's resident weights in the same process); slower load, faster tokens")
     p = sub.add_parser("bench-package", help="bench and cross-check a converted package alone "
                                               "(no model code): every graph on cpu / vulkan")
     p.add_argument("package", type=Path)

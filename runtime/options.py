@@ -23,6 +23,9 @@ class RuntimeOptions:
     # bounded by the largest such graph instead of the sum, paid in re-allocation time (SeedVR2
     # VAE decode 512x512 on 1 thread: 21.5 GB / 27.6 s by default, 13.9 GB / 35-44 s with it)
     low_memory: bool = False
+    # CPU nets: the loaded weights collapsed onto 2 MiB pages (runtime/huge_pages.py: the fp16
+    # head read ~20 % faster on one thread, but loading takes seconds longer), opt-in
+    huge_pages: bool = False
 
     @property
     def label(self) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ncnnport.contract import SUPPORTED_DTYPES, TensorSpec, parse_axis, tensor_specs_from_json, variant_param_name
 from ncnnport.package.param_file import read_param
+from ncnnport.runtime.huge_pages import back_large_mappings_with_huge_pages
 from ncnnport.runtime.mats import from_mat, to_mat
 from ncnnport.runtime.options import FP32, RuntimeOptions
 
@@ -123,6 +124,8 @@ class NcnnModule:
             raise NcnnError(f"module {self.name}: ncnn could not load param {self.param}")
         if self.net.load_model(str(self.weights)) != 0:
             raise NcnnError(f"module {self.name}: ncnn could not load weights {self.weights}")
+        if options.huge_pages and not options.use_vulkan:
+            back_large_mappings_with_huge_pages()
 
     def variants(self) -> list[str]:
         """Names of the graph variants the spec declares (param files beside this graph)."""

@@ -121,11 +121,14 @@ def empty_folder(folder: Path | None) -> None:
             f.unlink()
 
 
-def cpp_argv(case: CppBenchCase, vulkan: bool, precision: str = "fp32") -> list[str]:
-    """The executable's arguments for ``case``: the port's, plus ``--vulkan`` on the GPU and
-    ``--precision NAME`` for a precision other than fp32."""
+def cpp_argv(case: CppBenchCase, vulkan: bool, precision: str = "fp32", huge_pages: bool = False) -> list[str]:
+    """The executable's arguments for ``case``: the port's, plus ``--vulkan`` on the GPU,
+    ``--precision NAME`` for a precision other than fp32 and ``--huge-pages`` (decode cases: the
+    decode executables' weights collapsed onto 2 MiB pages, huge_pages.h)."""
+    if huge_pages and case.kind != "decode":
+        raise BenchError(f"bench-cpp --huge-pages: the {case.kind} executable does not take it (decode models only)")
     return [*case.argv, *(["--vulkan"] if vulkan else []),
-            *(["--precision", precision] if precision != "fp32" else [])]
+            *(["--precision", precision] if precision != "fp32" else []), *(["--huge-pages"] if huge_pages else [])]
 
 
 def precision_ran(out: Mapping[str, Any]) -> str:
@@ -139,10 +142,11 @@ def precision_ran(out: Mapping[str, Any]) -> str:
 
 
 def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False,
-             precision: str = "fp32") -> Callable[[], Any]:
+             precision: str = "fp32", huge_pages: bool = False) -> Callable[[], Any]:
     """One executable run per call (its output folder emptied first), its JSON parsed by kind;
-    a result that ran another precision than asked is an error."""
-    argv = cpp_argv(case, vulkan, precision)
+    a result that ran another precision than asked, or did not take the huge pages it was asked
+    for, is an error."""
+    argv = cpp_argv(case, vulkan, precision, huge_pages)
 
     def call() -> Any:
         empty_folder(case.fresh_dir)
@@ -150,15 +154,17 @@ def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False
         ran = precision_ran(out)
         if ran != precision:
             raise BenchError(f"{exe.name}: asked for --precision {precision}, its result says it ran {ran}")
+        if huge_pages and not (out.get("timing", {}).get("huge_pages") or {}).get("enabled"):
+            raise BenchError(f"{exe.name}: asked for --huge-pages, its result does not say it took them")
         return CPP_PARSERS[case.kind](out, exe.name)
     return call
 
 
 def case_calls(case: CppBenchCase, exe: Path, json_out: Path, torch: bool,
-               vulkan: bool = False, precision: str = "fp32") -> dict[str, Callable[[], Any]]:
+               vulkan: bool = False, precision: str = "fp32", huge_pages: bool = False) -> dict[str, Callable[[], Any]]:
     """Every runtime's call, in the first round's order: the Python loop first when torch runs
     (a torch call may reuse what the Python run computed), else C++ first."""
-    cpp = cpp_call(exe, case, json_out, vulkan, precision)
+    cpp = cpp_call(exe, case, json_out, vulkan, precision, huge_pages)
     if torch and case.torch is not None:
         return {"python": case.python, "cpp": cpp, "torch": case.torch}
     return {"cpp": cpp, "python": case.python}
@@ -383,7 +389,7 @@ def torch_device_problem(port: ModelPort, device: str) -> str | None:
 
 
 def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False, torch_device: str = "cpu",
-                  torch: bool = True, precision: str = "fp32") -> None:
+                  torch: bool = True, precision: str = "fp32", huge_pages: bool = False) -> None:
     """Refuse, in one line and before anything is built, what the bench cannot run: no C++ bench,
     bad counts, a precision the executables do not run (or a reduced one on Vulkan), ``--vulkan``
     without a Vulkan device or build, a torch device the port or this machine cannot serve."""
@@ -392,6 +398,8 @@ def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False
         raise BenchError(f"bench-cpp --precision {precision}: the C++ executables run {', '.join(CPP_PRECISIONS)}")
     if vulkan and precision != "fp32":
         raise BenchError(f"bench-cpp --precision {precision} is a CPU setting; --vulkan runs fp32 (drop one of them)")
+    if vulkan and huge_pages:
+        raise BenchError("bench-cpp --huge-pages backs CPU weights; --vulkan keeps them on the device (drop one of them)")
     if not has_cpp_bench(port):
         known = [m for m in available_models() if has_cpp_bench(get_port(m))]
         raise BenchError(f"bench-cpp: no C++ bench for model {model} (its port sets no cpp_bench_sizes or "
@@ -422,14 +430,15 @@ def case_row(case: CppBenchCase, runs: Mapping[str, list[Any]], new_tokens: int)
 
 def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds: int, torch: bool,
                 log: Callable[[str], None], model: str, new_tokens: int,
-                vulkan: bool = False, precision: str = "fp32") -> tuple[list[dict[str, Any]], set[str]]:
+                vulkan: bool = False, precision: str = "fp32",
+                huge_pages: bool = False) -> tuple[list[dict[str, Any]], set[str]]:
     """Every case's interleaved rounds as rows, and the kinds seen (one per model)."""
     rows, kinds = [], set()
     for case in cases:
         kinds.add(case.kind)
         if len(kinds) > 1:
             raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
-        calls = case_calls(case, exe, json_out, torch, vulkan, precision)
+        calls = case_calls(case, exe, json_out, torch, vulkan, precision, huge_pages)
         peaks: dict[str, list[int]] = {name: [] for name in calls}
         runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
                                 rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
@@ -451,10 +460,10 @@ def torch_device_name(device: str) -> str | None:
 
 def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
               threads: int = 1, torch: bool = True, log: Callable[[str], None] = print, vulkan: bool = False,
-              torch_device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
+              torch_device: str = "cpu", precision: str = "fp32", huge_pages: bool = False) -> dict[str, Any]:
     """Every size's rows for ``prep.target.model`` (see the module docstring); the report dict."""
     model = prep.target.model
-    check_options(model, rounds, new_tokens, vulkan, torch_device, torch, precision)
+    check_options(model, rounds, new_tokens, vulkan, torch_device, torch, precision, huge_pages)
     exe = bench_executable(prep.port.cpp_executable, vulkan)
     # the bound's bytes (under the precision) need the reference's shapes: read them before it is released
     token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", precision) or {}).get("weights")
@@ -465,11 +474,11 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     restore_threads = _torch_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="ncnnport-bench-cpp-") as tmp:
-            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device, precision)
+            ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device, precision, huge_pages)
             cases = prep.port.cpp_bench_cases(ctx, [int(s) for s in sizes], new_tokens)
             before = read_bandwidth() if token_bytes else None
             rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens,
-                                      vulkan, precision)
+                                      vulkan, precision, huge_pages)
             # the faster of a measurement before and after the rounds: the bound is what the machine
             # can read, so a load that slowed one measurement must not lower it (and flatter the rows)
             bandwidth = max(before, read_bandwidth(), key=lambda b: b["read_gbps"]) if before else None
@@ -483,7 +492,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             "new_tokens": None if kinds == {"image"} else new_tokens, "rows": rows,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "reference_released": released, "backend": "vulkan" if vulkan else "cpu",
-            "precision": precision, "precision_flags": precision_flags(precision),
+            "precision": precision, "precision_flags": precision_flags(precision), "huge_pages": huge_pages,
             "bandwidth": bandwidth,
             "vulkan_device": device_record() if vulkan else None, "torch_device": torch_device,
             "torch_device_name": torch_device_name(torch_device) if torch else None,
@@ -631,6 +640,7 @@ def heading(report: Mapping[str, Any]) -> str:
             + (f", {report['new_tokens']} new tokens" if report["new_tokens"] else "")
             + (", fp32" if report.get("precision", "fp32") == "fp32"
                else f", ncnn {report['precision']} (torch fp32)")
+            + (", ncnn weights on huge pages (--huge-pages)" if report.get("huge_pages") else "")
             + (", ncnn on Vulkan" if report.get("backend") == "vulkan" else "")
             + (f", torch on {report['torch_device']}" if report.get("torch_device", "cpu") != "cpu" else ""))
     gbps = (report.get("bandwidth") or read_bandwidth())["read_gbps"]  # the bound's measurement, when made
@@ -638,11 +648,13 @@ def heading(report: Mapping[str, Any]) -> str:
 
 
 def report_stem(report: Mapping[str, Any]) -> str:
-    """``<model>``, plus ``-<precision>`` for a precision other than fp32, ``-vulkan`` and
-    ``-torch-<device>`` off the CPU, so a GPU or fp16 run never overwrites the fp32 CPU report."""
+    """``<model>``, plus ``-<precision>`` for a precision other than fp32, ``-huge-pages``,
+    ``-vulkan`` and ``-torch-<device>`` off the CPU, so a GPU, fp16 or huge-page run never
+    overwrites the fp32 CPU report."""
     device = report.get("torch_device") or "cpu"
     precision = report.get("precision") or "fp32"
     return (report["model"] + ("" if precision == "fp32" else f"-{precision}")
+            + ("-huge-pages" if report.get("huge_pages") else "")
             + ("-vulkan" if report.get("backend") == "vulkan" else "")
             + ("" if device == "cpu" else "-torch-" + device.replace(":", "")))
 
@@ -658,11 +670,11 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 def bench_target(prep: Any, package: Path, sizes: Sequence[int] | None, new_tokens: int, rounds: int,
                  threads: int, torch: bool, out_dir: Path, vulkan: bool = False,
-                 torch_device: str = "cpu", precision: str = "fp32") -> dict[str, Any]:
+                 torch_device: str = "cpu", precision: str = "fp32", huge_pages: bool = False) -> dict[str, Any]:
     """Run, print the table, write the JSON and Markdown; the report."""
     sizes = list(sizes or prep.port.cpp_bench_sizes)
     report = run_bench(prep, package, sizes, new_tokens, rounds, threads, torch, vulkan=vulkan,
-                       torch_device=torch_device, precision=precision)
+                       torch_device=torch_device, precision=precision, huge_pages=huge_pages)
     report["machine_heading"] = heading(report)
     report["table"] = markdown(report, report["machine_heading"])
     print("\n" + report["table"])

@@ -254,12 +254,14 @@ def test_bad_options_are_refused_before_anything_is_built(capsys):
 FAKE_EXE = textwrap.dedent("""\
     #!{python}
     import json, sys
-    argv = [a for a in sys.argv[1:] if a != "--vulkan"]  # the one flag without a value
+    argv = [a for a in sys.argv[1:] if a not in ("--vulkan", "--huge-pages")]  # the flags without a value
     args = dict(zip(argv[0::2], argv[1::2]))
     ids = [int(t) for t in args["--ids"].split(",")]
+    huge = "--huge-pages" in sys.argv and "--ignore-huge" not in args
     out = {{"chunks": [{{"token_ids": ids, "prompt_tokens": int(args["--prompt"]), "stopped_by_eos": False}}],
            "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19,
-                      "precision": args.get("--ran", args.get("--precision", "fp32"))}}}}
+                      "precision": args.get("--ran", args.get("--precision", "fp32")),
+                      "huge_pages": {{"enabled": huge}}}}}}
     open(args["--json-out"], "w").write(json.dumps(out))
     """)
 
@@ -483,11 +485,33 @@ def test_a_result_that_ran_another_precision_is_refused(fake_models, tmp_path):
     assert cpp_bench.cpp_call(exe, case, tmp_path / "o.json")().token_ids == [1, 2, 3]
 
 
+def test_huge_pages_reach_the_executable_the_python_graphs_and_the_report(fake_models, tmp_path, recorded_argv,
+                                                                        monkeypatch):
+    """--huge-pages: the executable gets the flag, the port's Python graphs open with
+    RuntimeOptions.huge_pages (BenchContext.huge_pages), the report and its file name say it; an
+    executable whose JSON does not say it took them is refused."""
+    port = fake_models["fake-bench"]
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
+                                 log=lambda _m: None, huge_pages=True)
+    assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--huge-pages"]] * 2
+    assert port.contexts[0].huge_pages and report["huge_pages"]
+    assert cpp_bench.report_stem(report) == "fake-bench-huge-pages"
+    assert "huge pages" in cpp_bench.heading(report)
+    case = CppBenchCase("P=3", "decode", ["--ids", "1,2,3", "--prompt", "7", "--ignore-huge", "1"],
+                        lambda: DecodeRun("python", 7, [1, 2, 3], 0.3, 2))
+    with pytest.raises(cpp_bench.BenchError, match="asked for --huge-pages, its result does not say it took them"):
+        cpp_bench.cpp_call(tmp_path / "cpp" / "fake-exe", case, tmp_path / "o.json", huge_pages=True)()
+    image = CppBenchCase("256", "image", [], lambda: None)
+    with pytest.raises(cpp_bench.BenchError, match="the image executable does not take it"):
+        cpp_bench.cpp_argv(image, False, huge_pages=True)
+
+
 @pytest.mark.parametrize("argv, expected", [
+    (["--huge-pages", "--vulkan"], "--huge-pages backs CPU weights; --vulkan keeps them on the device"),
     (["--precision", "bf16"], "bench-cpp --precision bf16: the C++ executables run fp32, fp16-storage"),
     (["--precision", "fp16-storage", "--vulkan"], "fp16-storage is a CPU setting; --vulkan runs fp32"),
 ])
-def test_a_precision_the_executables_do_not_run_is_one_line(fake_models, capsys, argv, expected):
+def test_a_setting_the_executables_do_not_run_is_one_line(fake_models, capsys, argv, expected):
     _one_line_refusal(capsys, ["bench-cpp", "fake-bench", *argv], expected)
 
 

@@ -82,3 +82,15 @@ def test_release_after_call_empties_its_own_pools_and_keeps_the_numbers(toy_pack
         again = released.run(inputs)
         assert all(np.array_equal(a, b) for a, b in zip(first, again))
     assert all(np.array_equal(a, b) for a, b in zip(first, plain.run(inputs)))
+
+
+def test_a_cpu_session_asked_for_huge_pages_runs_the_step_once_loaded(toy_package, monkeypatch):
+    from ncnnport.runtime import session
+
+    calls: list[int] = []
+    monkeypatch.setattr(session, "back_large_mappings_with_huge_pages", lambda: calls.append(1) or (0, 0, None))
+    d, rec = toy_package["dir"], toy_package["record"]
+    NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", rec)
+    assert calls == []
+    opened = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", rec, FP32.with_(huge_pages=True))
+    assert calls == [1] and opened.options.huge_pages

@@ -1,5 +1,7 @@
 #include "ncnnport/gemv_layer.h"
 
+#include "ncnnport/builtin_overwrite.h"
+
 #include <cpu.h>
 #include <layer.h>
 #include <layer_type.h>
@@ -14,11 +16,7 @@
 #include <mutex>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && defined(__unix__)
-#include <fcntl.h>
 #include <immintrin.h>
-#include <unistd.h>
-
-#include <cstdio>
 #define NCNNPORT_GEMV_X86 1
 #else
 #define NCNNPORT_GEMV_X86 0
@@ -385,20 +383,7 @@ bool gemv_builtin_avx512() {
 bool register_gemv_layer(ncnn::Net& net) {
 #if NCNNPORT_GEMV_X86
     if (!gemv_layer_supported()) return false;
-    // ncnn logs every overwrite of a built-in type on stderr ("overwrite built-in layer type
-    // InnerProduct"): one line per graph of every run. The runs report the overwrite themselves
-    // (GraphOptions / gemv_json), so stderr is pointed at /dev/null for this one call; graphs are
-    // opened before any worker thread writes to stderr.
-    std::fflush(stderr);
-    const int saved = dup(STDERR_FILENO);
-    const int null_fd = open("/dev/null", O_WRONLY);
-    if (saved >= 0 && null_fd >= 0) dup2(null_fd, STDERR_FILENO);
-    const int ret = net.register_custom_layer("InnerProduct", create_gemv_layer, destroy_gemv_layer);
-    std::fflush(stderr);
-    if (saved >= 0 && null_fd >= 0) dup2(saved, STDERR_FILENO);
-    if (saved >= 0) close(saved);
-    if (null_fd >= 0) close(null_fd);
-    return ret == 0;
+    return register_overwrite_quietly(net, "InnerProduct", create_gemv_layer, destroy_gemv_layer);
 #else
     (void)net;
     return false;

@@ -1,8 +1,11 @@
 #include "ncnnport/ncnn_graph.h"
 
+#include "ncnnport/huge_pages.h"
+
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 
 #include "ncnnport/gemv_layer.h"
+#include "ncnnport/matmul_layer.h"
 #include "ncnnport/precision.h"
 
 #include <algorithm>
@@ -166,13 +169,19 @@ bool gemv_active(const GraphOptions& options) {
     return options.gemv == GemvChoice::Kernel || !gemv_builtin_avx512();
 }
 
+bool matmul_active(const GraphOptions& options) {
+    return !options.vulkan && options.matmul_kernel && matmul_layer_supported();
+}
+
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
+    if (matmul_active(options)) register_matmul_layer(net);
     return gemv_active(options) && register_gemv_layer(net);
 }
 
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
-            {"gemv_ncnn_avx512", gemv_builtin_avx512()}};
+            {"gemv_ncnn_avx512", gemv_builtin_avx512()},
+            {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,
@@ -202,6 +211,7 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     note_graph_option(net_->opt);
     if (net_->load_param(param.string().c_str()) != 0) throw PackageError(param.string() + ": ncnn could not load it");
     if (net_->load_model(weights.string().c_str()) != 0) throw PackageError(weights.string() + ": ncnn could not load it");
+    if (options.huge_pages && !options.vulkan) back_large_mappings_with_huge_pages();
     // Outputs are checked by extract's return code at run time (an output blob may also feed
     // a layer, so it need not be among ncnn's output_names).
     for (const auto& t : inputs_) {

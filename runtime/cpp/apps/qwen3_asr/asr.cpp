@@ -200,6 +200,12 @@ std::vector<float> Asr::logits(const std::vector<float>& hidden) {
     return graph("lm_head").run({ncnnport::to_mat(Tensor{{1, static_cast<int64_t>(hidden.size())}, hidden})})[0].data;
 }
 
+std::map<std::string, double> Asr::graph_seconds() const {
+    std::map<std::string, double> out;
+    for (const auto& [name, g] : graphs_) out[name] = g->seconds();
+    return out;
+}
+
 std::vector<float> Asr::embed_token(int token) {
     return graph("embed").run({ncnnport::ids_mat({token})})[0].data;
 }

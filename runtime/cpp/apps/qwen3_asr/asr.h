@@ -67,6 +67,9 @@ public:
     std::string decode_text(const std::vector<int>& tokens) const { return tokenizer_.decode(tokens, true); }
     const ModelInfo& info() const { return info_; }
     bool kv_on_gpu() const { return kv_on_gpu_; }
+    // Seconds spent in each opened graph so far (prefill, decode and head apart), so a token's
+    // cost can be split between the layers, the head and the host work around them.
+    std::map<std::string, double> graph_seconds() const;
 
 private:
     ncnnport::Graph& graph(const std::string& name);

@@ -2,7 +2,7 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]
+//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]
 //   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
@@ -28,6 +28,7 @@
 #include "ncnnport/audio.h"
 #include "ncnnport/cli_args.h"
 #include "ncnnport/golden_verify.h"
+#include "ncnnport/huge_pages.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
@@ -46,6 +47,8 @@ struct Args {
     bool verify = false;  // the package's golden vectors instead of a transcription
     ncnnport::GemvChoice gemv = ncnnport::GemvChoice::Auto;  // --ncnn-gemv / --gemv-kernel (ncnn_graph.h)
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
+    bool huge_pages = false;  // --huge-pages: weights collapsed onto 2 MiB pages after loading (huge_pages.h)
+    bool matmul_kernel = true;  // --ncnn-matmul: ncnn's MatMul for decode attention (matmul_layer.h)
 };
 
 using ncnnport::int_arg;
@@ -54,7 +57,7 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]\n"
+    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]\n"
     "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
@@ -91,6 +94,8 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--no-check") a.check = false;
         else if (flag == "--verify") a.verify = true;
         else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
+        else if (flag == "--huge-pages") a.huge_pages = true;
+        else if (flag == "--ncnn-matmul") a.matmul_kernel = false;
         else if (flag == "--precision") a.precision = value();
         else throw UsageError("unknown option " + flag);
     }
@@ -129,7 +134,7 @@ int run(const Args& args) {
         throw ncnnport::AudioError(args.audio + ": audio too short (" + std::to_string(wave.size())
                                    + " samples at 16000 Hz; the official features need at least 201)");
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel};
     qwen3_asr::Asr asr(args.package, graph_options, !args.host_kv);
     const auto& info = asr.info();
     const int max_new = args.max_new_tokens >= 0 ? args.max_new_tokens : info.default_max_new_tokens;
@@ -167,7 +172,9 @@ int run(const Args& args) {
                         {"decode_s", decode_s}, {"decode_steps", decode_steps},
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
+        out["timing"]["graph_s"] = asr.graph_seconds();
         out["timing"].update(ncnnport::gemv_json(graph_options));
+        out["timing"]["huge_pages"] = ncnnport::huge_pages_json(graph_options.huge_pages && !args.vulkan);
         out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         std::ofstream f(args.json_out, std::ios::binary);
         f << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

@@ -4,7 +4,7 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
-//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]
+//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ncnnport/cli_args.h"
+#include "ncnnport/huge_pages.h"
 #include "ncnnport/manifest.h"
 #include "ncnnport/precision.h"
 #include "ncnnport/sha256.h"
@@ -40,6 +41,8 @@ struct Args {
     bool vulkan = false, check = true, preprocess_only = false;
     ncnnport::GemvChoice gemv = ncnnport::GemvChoice::Auto;  // --ncnn-gemv / --gemv-kernel (ncnn_graph.h)
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
+    bool huge_pages = false;  // --huge-pages: weights collapsed onto 2 MiB pages after loading (huge_pages.h)
+    bool matmul_kernel = true;  // --ncnn-matmul: ncnn's MatMul for decode attention (matmul_layer.h)
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
@@ -52,7 +55,7 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage]\n";
+    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -73,6 +76,8 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--vulkan") a.vulkan = true;
         else if (flag == "--no-check") a.check = false;
         else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
+        else if (flag == "--huge-pages") a.huge_pages = true;
+        else if (flag == "--ncnn-matmul") a.matmul_kernel = false;
         else if (flag == "--precision") a.precision = value();
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {
@@ -153,7 +158,7 @@ int run(const Args& args) {
         return 0;
     }
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel};
     youtu_vl::Vl vl(args.package, graph_options, args.perturb);
     const int max_new = args.max_new_tokens > 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const std::vector<int> ids = vl.prompt_ids(args.prompt, image ? std::optional<int>(image->num_tokens()) : std::nullopt);
@@ -176,6 +181,7 @@ int run(const Args& args) {
                                 {"decode_graph_s", gen.decode_graph_s}, {"threads", args.threads},
                                 {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
+        out["timing"]["huge_pages"] = ncnnport::huge_pages_json(graph_options.huge_pages && !args.vulkan);
         out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         write_json(args.json_out, out);
     }

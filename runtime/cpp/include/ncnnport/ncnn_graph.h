@@ -40,17 +40,27 @@ struct GraphOptions {
     // A CPU precision of precision.h (--precision): its ncnn flags on every graph. Checked when a
     // graph opens (a name the runtime does not run, or a reduced one with vulkan, is refused).
     std::string precision = "fp32";
+    // CPU nets: back the loaded weights with huge pages once loaded (huge_pages.h: faster decode,
+    // slower load), --huge-pages. Vulkan nets keep their weights on the device: never touched.
+    bool huge_pages = false;
+    // CPU nets: decode attention's MatMuls by ncnnport's kernel (matmul_layer.h) where the CPU
+    // runs it; false (--ncnn-matmul) keeps ncnn's MatMul, for comparisons.
+    bool matmul_kernel = true;
 };
 
 // True when graphs opened with `options` get the gemv overwrite: a CPU net, a CPU that runs the
 // kernel, and GemvChoice Kernel, or Auto without ncnn's AVX-512 copy at work.
 bool gemv_active(const GraphOptions& options);
-// Registers the gemv overwrite on `net` (before load_param) when gemv_active(options); true when
-// it was registered.
+// Registers the gemv overwrite on `net` (before load_param) when gemv_active(options), and the
+// MatMul overwrite when matmul_active(options); true when the gemv overwrite was registered.
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
+// True when graphs opened with `options` get the MatMul overwrite: a CPU net, a CPU that runs the
+// kernel, and options.matmul_kernel.
+bool matmul_active(const GraphOptions& options);
 // What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), the one-row products the
 // overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran), and
-// whether ncnn's own InnerProduct runs its AVX-512 copy here ("gemv_ncnn_avx512", the Auto rule).
+// whether ncnn's own InnerProduct runs its AVX-512 copy here ("gemv_ncnn_avx512", the Auto rule);
+// likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls".
 nlohmann::json gemv_json(const GraphOptions& options);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set

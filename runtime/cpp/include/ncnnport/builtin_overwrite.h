@@ -1,0 +1,16 @@
+// Registering a replacement for one of ncnn's built-in layer types on a Net, without ncnn's log
+// line: shared by the InnerProduct (gemv_layer.h) and MatMul (matmul_layer.h) overwrites.
+#pragma once
+
+#include <net.h>  // ncnn
+
+namespace ncnnport {
+
+// net.register_custom_layer(type, ...) with stderr pointed at /dev/null for the call: ncnn logs
+// every overwrite of a built-in type ("overwrite built-in layer type ..."), one line per graph of
+// every run, while the runs report their overwrites themselves (gemv_json / matmul_json). Graphs
+// are opened before any worker thread writes to stderr. True when ncnn accepted it.
+bool register_overwrite_quietly(ncnn::Net& net, const char* type, ncnn::layer_creator_func creator,
+                                ncnn::layer_destroyer_func destroyer);
+
+}  // namespace ncnnport

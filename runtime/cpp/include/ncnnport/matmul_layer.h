@@ -1,0 +1,35 @@
+// A stand-in for ncnn's built-in MatMul that computes decode attention (a few query rows against
+// the whole K/V cache, per head) directly, and hands every other case to the built-in layer.
+//
+// Why: a decode step's attention is two batched products per layer, scores = q K^T ([M x d] by
+// [P x d]^T per KV head, M query heads sharing it) and out = softmax(scores) V ([M x P] by
+// [P x d]), with M = 1-4. ncnn 1.0.20261020's MatMul runs each head through its Gemm with a
+// non-constant B, which packs (copies and transposes) the whole cache slice on every call: on
+// Qwen3-ASR's real widths at P = 1000 the two MatMuls took ~1.4 ms per layer on one EPYC thread
+// while the 8.4 MB of K/V they read takes ~0.3 ms at the measured read bandwidth. This layer reads
+// each cache row once, in place, and adds every product in the same order as ncnn's Gemm (one
+// fused multiply-add per term, k ascending from zero), so it returns ncnn's bits (checked by
+// ncnnport-matmul-check against the built-in). Registered per CPU Net (register_custom_layer with
+// the built-in type name) before load_param, where the CPU has AVX2 and FMA.
+#pragma once
+
+#include <net.h>  // ncnn
+
+#include <cstdint>
+
+namespace ncnnport {
+
+// True on an x86 build running on a CPU with AVX2 and FMA; false elsewhere (never registered).
+bool matmul_layer_supported();
+
+// Registers the overwrite of "MatMul" on `net`; call before net.load_param. False (nothing
+// registered) where matmul_layer_supported() is false.
+bool register_matmul_layer(ncnn::Net& net);
+
+// Batched products the overwrite computed itself in this process (a run proves the kernel ran).
+uint64_t matmul_layer_calls();
+
+// The most query rows per head the kernel takes (decode: the query heads of one KV head).
+constexpr int kMatmulMaxRows = 8;
+
+}  // namespace ncnnport

@@ -1,0 +1,168 @@
+// ncnnport-matmul-check: ncnnport's MatMul overwrite (matmul_layer.h) against ncnn's built-in
+// MatMul on one random batched product, both ways (transB 1: scores q K^T, transB 0: weights V).
+//
+//   ncnnport-matmul-check --heads H --m M --k K --n N [--trans-b 0|1] [--threads T] [--seed S]
+//                         [--rounds R]
+//
+// Why: the overwrite must compute what the built-in computes up to fp32 summation order, and the
+// tests must see that its kernel ran rather than the built-in it delegates to. Both nets load the
+// same one-layer .param (A = [H, M, K]; B = [H, N, K] with transB, else [H, K, N]); the test net
+// registers the overwrite, the reference does not. Per output the bound is
+//   bound = 2 * gamma(K + 1) * sum_k |a_k b_k|,  gamma(n) = n u / (1 - n u), u = 2^-24:
+// each result is within gamma(K + 1) * S of the exact sum of the same products in any order of
+// additions (fused or not), so two orders differ by at most twice that. ncnn's Gemm itself does
+// not add in one order (it matched a k-ascending chain of fused multiply-adds bit for bit at some
+// sizes and not at others), so the bound, not bit equality, is the contract.
+// --rounds R > 0 also times both, interleaved call by call (median ms of each), so the layer's
+// own gain is measured without a model around it.
+// Prints one JSON object: "registered", the shapes, "kernel_calls" (the overwrite's own products),
+// "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. Exit 0
+// after printing (the test judges), 2 on bad arguments or an ncnn error.
+#include <mat.h>
+#include <net.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ncnnport/matmul_layer.h"
+
+namespace {
+
+struct Args {
+    int heads = 0, m = 0, k = 0, n = 0, trans_b = 1, threads = 1, rounds = 0;
+    unsigned seed = 0;
+};
+
+Args parse(int argc, char** argv) {
+    Args a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string f = argv[i];
+        auto value = [&]() -> int {
+            if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
+            return std::stoi(argv[++i]);
+        };
+        if (f == "--heads") a.heads = value();
+        else if (f == "--m") a.m = value();
+        else if (f == "--k") a.k = value();
+        else if (f == "--n") a.n = value();
+        else if (f == "--trans-b") a.trans_b = value();
+        else if (f == "--threads") a.threads = value();
+        else if (f == "--rounds") a.rounds = value();
+        else if (f == "--seed") a.seed = static_cast<unsigned>(value());
+        else throw std::invalid_argument("unknown option " + f);
+    }
+    if (a.heads < 1 || a.m < 1 || a.k < 1 || a.n < 1 || a.threads < 1 || a.rounds < 0 || (a.trans_b != 0 && a.trans_b != 1))
+        throw std::invalid_argument("--heads, --m, --k, --n, --threads >= 1, --rounds >= 0 and --trans-b 0|1 are required");
+    return a;
+}
+
+ncnn::Mat random_mat(int w, int h, int c, std::mt19937& rng) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    ncnn::Mat m(w, h, c);
+    for (int p = 0; p < c; ++p) {
+        float* row = m.channel(p);
+        for (int i = 0; i < w * h; ++i) row[i] = dist(rng);
+    }
+    return m;
+}
+
+// A one-layer net: inputs a, b -> MatMul (0=transB) -> out.
+void open_net(ncnn::Net& net, const Args& a, bool overwrite) {
+    net.opt.num_threads = a.threads;
+    net.opt.use_vulkan_compute = false;
+    net.opt.use_fp16_storage = false;
+    net.opt.use_fp16_packed = false;
+    net.opt.use_fp16_arithmetic = false;
+    net.opt.use_bf16_storage = false;
+    if (overwrite) ncnnport::register_matmul_layer(net);  // false where the CPU lacks AVX2 / FMA: "registered" says so
+    const std::string param = "7767517\n3 3\nInput a 0 1 a\nInput b 0 1 b\nMatMul mm 2 1 a b out 0=" + std::to_string(a.trans_b) + "\n";
+    if (net.load_param_mem(param.c_str()) != 0) throw std::runtime_error("load_param_mem failed");
+    const unsigned char* none = nullptr;
+    net.load_model(none);
+}
+
+ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
+    ncnn::Extractor ex = net.create_extractor();
+    ex.input("a", A);
+    ex.input("b", B);
+    ncnn::Mat out;
+    if (ex.extract("out", out) != 0) throw std::runtime_error("extract failed");
+    return out;
+}
+
+double ms_of(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run(net, A, B);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Args a = parse(argc, argv);
+        std::mt19937 rng(a.seed);
+        const ncnn::Mat A = random_mat(a.k, a.m, a.heads, rng);
+        const ncnn::Mat B = a.trans_b ? random_mat(a.k, a.n, a.heads, rng) : random_mat(a.n, a.k, a.heads, rng);
+        ncnn::Net reference, test;
+        open_net(reference, a, false);
+        open_net(test, a, true);
+        const uint64_t calls_before = ncnnport::matmul_layer_calls();
+        const ncnn::Mat want = run(reference, A, B), got = run(test, A, B);
+        const uint64_t kernel_calls = ncnnport::matmul_layer_calls() - calls_before;
+        if (want.w != got.w || want.h != got.h || want.c != got.c) throw std::runtime_error("output shapes differ");
+        if (want.w != a.n || want.h != a.m || want.c != a.heads) throw std::runtime_error("output is not [heads, m, n]");
+        const double u = std::ldexp(1.0, -24), gamma = (a.k + 1) * u / (1 - (a.k + 1) * u);
+        double max_diff = 0.0, max_ratio = 0.0;
+        bool bit_equal = true;
+        for (int p = 0; p < a.heads; ++p) {
+            const float* w = want.channel(p);
+            const float* g = got.channel(p);
+            const float* ap = A.channel(p);
+            const float* bp = B.channel(p);
+            for (int m = 0; m < a.m; ++m)
+                for (int n = 0; n < a.n; ++n) {
+                    double s = 0.0;  // sum_k |a_k b_k| of this output
+                    for (int k = 0; k < a.k; ++k)
+                        s += std::fabs(static_cast<double>(ap[m * a.k + k]) * (a.trans_b ? bp[n * a.k + k] : bp[k * a.n + n]));
+                    const int i = m * a.n + n;
+                    const double diff = std::fabs(static_cast<double>(w[i]) - g[i]);
+                    max_diff = std::max(max_diff, diff);
+                    const double bound = 2 * gamma * s;
+                    max_ratio = std::max(max_ratio, bound > 0 ? diff / bound : (diff > 0 ? INFINITY : 0.0));
+                    bit_equal = bit_equal && std::memcmp(&w[i], &g[i], sizeof(float)) == 0;
+                }
+        }
+        nlohmann::json out = {{"registered", ncnnport::matmul_layer_supported()}, {"heads", a.heads}, {"m", a.m}, {"k", a.k}, {"n", a.n}, {"trans_b", a.trans_b},
+                              {"threads", a.threads}, {"out_shape", {want.c, want.h, want.w}},
+                              {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
+                              {"bit_equal", bit_equal}};
+        if (a.rounds > 0) {
+            std::vector<double> t_ref, t_test;
+            for (int r = 0; r < a.rounds; ++r) {  // interleaved, the order swapped every round
+                if (r % 2) { t_test.push_back(ms_of(test, A, B)); t_ref.push_back(ms_of(reference, A, B)); }
+                else { t_ref.push_back(ms_of(reference, A, B)); t_test.push_back(ms_of(test, A, B)); }
+            }
+            out["ncnn_ms"] = median(t_ref);
+            out["kernel_ms"] = median(t_test);
+        }
+        std::cout << out.dump() << "\n";
+        return 0;
+    } catch (const std::exception& e) {
+        std::cerr << "ncnnport-matmul-check: " << e.what() << "\n";
+        return 2;
+    }
+}

@@ -1,0 +1,123 @@
+"""ncnnport's MatMul overwrite (runtime/cpp/src/matmul_layer.cpp) and the huge-page backing of
+CPU weights (runtime/cpp/src/huge_pages.cpp).
+
+`ncnnport-matmul-check` (runtime/cpp/tools/matmul_check.cpp) loads one random batched MatMul
+twice, with and without the overwrite, and reports the largest difference over the fp32
+summation-order bound it derives (2 * gamma(K + 1) * sum |a_k b_k| per output, see the tool's
+header) and how many products the overwrite computed itself. The executables' JSON must say
+which MatMul ran and prove it by that count, with the token ids unchanged, and must say what the
+huge-page step did. Slow: they need `make cpp` (and the executables a tiny package).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
+CHECK = BUILD / "ncnnport-matmul-check"
+MAX_ROWS = 8  # kMatmulMaxRows (matmul_layer.h)
+
+# (heads, M, K, N): Qwen3-ASR's decode (8 KV heads, 2 query heads each, d = 128) at a short and
+# a long context; K off every multiple of 8 the kernels step by; N off the 4 rows scored at once
+# and under one group; one query row and the most rows the kernel takes; 1 x 1 x 1.
+SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, MAX_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4)]
+
+
+@pytest.fixture(scope="module")
+def check(built_cpp) -> Path:
+    return built_cpp(CHECK, "NCNNPORT_CPP_BUILD")
+
+
+def run_check(check: Path, heads: int, m: int, k: int, n: int, *extra: str) -> dict:
+    argv = [str(check), "--heads", str(heads), "--m", str(m), "--k", str(k), "--n", str(n), *extra]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    if not out["registered"]:
+        pytest.skip("this CPU lacks AVX2 / FMA: the overwrite is not registered")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_b", [1, 0])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_decode_products_run_the_kernel_within_the_summation_bound(check, shape, trans_b, threads):
+    out = run_check(check, *shape, "--trans-b", str(trans_b), "--threads", str(threads), "--seed", "7")
+    assert out["kernel_calls"] == 1, out
+    assert out["out_shape"] == [shape[0], shape[1], shape[3]], out
+    assert out["max_diff_over_bound"] <= 1.0, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_more_query_rows_than_the_kernel_takes_stay_on_the_builtin(check, trans_b):
+    out = run_check(check, 2, MAX_ROWS + 1, 16, 33, "--trans-b", str(trans_b))
+    assert out["kernel_calls"] == 0 and out["bit_equal"], out
+
+
+@pytest.mark.slow
+def test_check_refuses_a_bad_command_line(check):
+    res = subprocess.run([str(check), "--heads", "0", "--m", "1", "--k", "1", "--n", "1"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "--heads" in res.stderr
+
+
+def thp_mode() -> str | None:
+    """The bracketed setting of /sys/kernel/mm/transparent_hugepage/enabled, None without THP."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else None
+
+
+@pytest.mark.slow
+def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(built_cpp, package, speech, tmp_path):
+    exe = built_cpp(BUILD / "ncnnport-qwen3-asr", "NCNNPORT_CPP_BUILD")
+    base = [str(exe), "--package", str(package("qwen3-asr")), "--audio", str(speech), "--max-new-tokens", "24"]
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json"), "--huge-pages"])
+    plain = run_exe([*base, "--json-out", str(tmp_path / "plain.json"), "--ncnn-matmul"])
+    assert [c["token_ids"] for c in ours["chunks"]] == [c["token_ids"] for c in plain["chunks"]]
+    mine, theirs = ours["timing"], plain["timing"]
+    assert theirs["matmul"] == "ncnn" and theirs["matmul_calls"] == 0
+    if mine["matmul"] == "ncnn":
+        pytest.skip("this CPU lacks AVX2 / FMA: the MatMul overwrite is not registered")
+    assert mine["matmul"] == "ncnnport-avx2"
+    # every decode step runs two attention products (scores, weighted values) per layer
+    assert mine["matmul_calls"] >= 2 * mine["decode_steps"] > 0
+    # the per-graph seconds split the decode: the head and every decode layer ran and were timed
+    graphs = mine["graph_s"]
+    assert graphs["lm_head"] > 0 and all(graphs.get(f"decode_layer{i}", 0) > 0 for i in range(2))
+    assert sum(s for name, s in graphs.items() if name.startswith("decode_layer")) < mine["decode_s"]
+
+    off, on = theirs["huge_pages"], mine["huge_pages"]
+    assert off["enabled"] is False and off["collapsed_bytes"] == 0 and off["advised_bytes"] == 0
+    assert on["enabled"] is True
+    assert on["collapsed_bytes"] % (2 << 20) == 0 and on["advised_bytes"] % (2 << 20) == 0, on
+
+
+@pytest.mark.slow
+def test_huge_page_step_backs_a_resident_buffer_or_says_why_not(built_cpp):
+    """64 MiB allocated as ncnn allocates weights and filled: its whole 2 MiB frames (all but at
+    most one at either end) end on huge pages, or the step names the refusal and, where THP is
+    not off, at least advised every frame."""
+    exe = built_cpp(BUILD / "ncnnport-huge-pages-check", "NCNNPORT_CPP_BUILD")
+    res = subprocess.run([str(exe), "--mib", "64"], capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    frames = out["buffer_bytes"] - 2 * (2 << 20)
+    if out["collapsed_bytes"] >= frames:
+        assert out["anon_huge_pages_after"] - out["anon_huge_pages_before"] >= frames, out
+    else:  # refused: the step names why, and advised what it could not collapse (where THP is on)
+        assert out["error"], out
+        if thp_mode() not in (None, "never"):
+            assert out["collapsed_bytes"] + out["advised_bytes"] >= frames, out
