@@ -2,7 +2,7 @@
 // MatMul on one random batched product, both ways (transB 1: scores q K^T, transB 0: weights V).
 //
 //   ncnnport-matmul-check --heads H --m M --k K --n N [--trans-b 0|1] [--threads T] [--seed S]
-//                         [--rounds R]
+//                         [--rounds R] [--cold]
 //
 // Why: the overwrite must compute what the built-in computes up to fp32 summation order, and the
 // tests must see that its kernel ran rather than the built-in it delegates to. Both nets load the
@@ -14,7 +14,9 @@
 // not add in one order (it matched a k-ascending chain of fused multiply-adds bit for bit at some
 // sizes and not at others), so the bound, not bit equality, is the contract.
 // --rounds R > 0 also times both, interleaved call by call (median ms of each), so the layer's
-// own gain is measured without a model around it.
+// own gain is measured without a model around it; --cold reads a 256 MB buffer before every
+// timed call, so the operands come from DRAM as they do in a decode step (the weights streamed
+// between two steps evict the K/V cache), not from the cache the previous call warmed.
 // Prints one JSON object: "registered", the shapes, "kernel_calls" (the overwrite's own products),
 // "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.
@@ -39,6 +41,7 @@ namespace {
 struct Args {
     int heads = 0, m = 0, k = 0, n = 0, trans_b = 1, threads = 1, rounds = 0;
     unsigned seed = 0;
+    bool cold = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -57,6 +60,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--threads") a.threads = value();
         else if (f == "--rounds") a.rounds = value();
         else if (f == "--seed") a.seed = static_cast<unsigned>(value());
+        else if (f == "--cold") a.cold = true;
         else throw std::invalid_argument("unknown option " + f);
     }
     if (a.heads < 1 || a.m < 1 || a.k < 1 || a.n < 1 || a.threads < 1 || a.rounds < 0 || (a.trans_b != 0 && a.trans_b != 1))
@@ -98,7 +102,16 @@ ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
     return out;
 }
 
-double ms_of(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
+// Reads `evict` whole (one float per cache line) so the next call's operands are not cached.
+volatile float g_sink = 0.f;
+void evict_caches(const std::vector<float>& evict) {
+    float s = 0.f;
+    for (size_t i = 0; i < evict.size(); i += 16) s += evict[i];
+    g_sink = s;
+}
+
+double ms_of(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B, const std::vector<float>& evict) {
+    evict_caches(evict);
     const auto t0 = std::chrono::steady_clock::now();
     run(net, A, B);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -151,11 +164,13 @@ int main(int argc, char** argv) {
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
                               {"bit_equal", bit_equal}};
         if (a.rounds > 0) {
+            const std::vector<float> evict(a.cold ? (256u << 20) / sizeof(float) : 0, 1.f);
             std::vector<double> t_ref, t_test;
             for (int r = 0; r < a.rounds; ++r) {  // interleaved, the order swapped every round
-                if (r % 2) { t_test.push_back(ms_of(test, A, B)); t_ref.push_back(ms_of(reference, A, B)); }
-                else { t_ref.push_back(ms_of(reference, A, B)); t_test.push_back(ms_of(test, A, B)); }
+                if (r % 2) { t_test.push_back(ms_of(test, A, B, evict)); t_ref.push_back(ms_of(reference, A, B, evict)); }
+                else { t_ref.push_back(ms_of(reference, A, B, evict)); t_test.push_back(ms_of(test, A, B, evict)); }
             }
+            out["cold"] = a.cold;
             out["ncnn_ms"] = median(t_ref);
             out["kernel_ms"] = median(t_test);
         }
