@@ -190,6 +190,9 @@ class ModelPort(ABC):
     # The torch device kinds its bench-cpp torch loop runs on (``--torch-device``; others are
     # refused before anything is built).
     cpp_bench_torch_devices: tuple[str, ...] = ("cpu",)
+    # The kind of its bench-cpp cases (``CPP_BENCH_KINDS``), known before anything is built, so an
+    # option only one kind's executables take (``--huge-pages``: decode) is refused up front.
+    cpp_bench_kind: str = "decode"
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
         """One :class:`CppBenchCase` per size, yielded one at a time (what every size shares, e.g.

@@ -557,6 +557,7 @@ class SeedVR2Port(KitPort):
         return cpp_cases.package_argv(package, case, workdir)
 
     cpp_bench_sizes = (256,)  # bench-cpp's default one square image side
+    cpp_bench_kind = "image"
     cpp_bench_torch_devices = ("cpu", "cuda")  # TorchBackend(device=...): numpy in and out, synchronised
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[Any]:

@@ -400,6 +400,9 @@ def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False
         raise BenchError(f"bench-cpp --precision {precision} is a CPU setting; --vulkan runs fp32 (drop one of them)")
     if vulkan and huge_pages:
         raise BenchError("bench-cpp --huge-pages backs CPU weights; --vulkan keeps them on the device (drop one of them)")
+    if huge_pages and port.cpp_bench_kind != "decode":
+        raise BenchError(f"bench-cpp --huge-pages: model {model}'s {port.cpp_bench_kind} executable does not take it "
+                         "(decode models only)")
     if not has_cpp_bench(port):
         known = [m for m in available_models() if has_cpp_bench(get_port(m))]
         raise BenchError(f"bench-cpp: no C++ bench for model {model} (its port sets no cpp_bench_sizes or "

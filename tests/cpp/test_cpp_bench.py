@@ -551,6 +551,15 @@ def _one_line_refusal(capsys, argv: list[str], *expected: str) -> None:
         assert text in err[0], err[0]
 
 
+def test_huge_pages_on_an_image_model_is_one_line_before_the_model_loads(capsys, monkeypatch):
+    """SeedVR2's image executable takes no --huge-pages: refused from the port's cpp_bench_kind,
+    before the model is built (prepare would load it)."""
+    import ncnnport.stages as stages
+
+    monkeypatch.setattr(stages, "prepare", lambda *a, **k: pytest.fail("the model was loaded"))
+    _one_line_refusal(capsys, ["bench-cpp", "seedvr2", "--huge-pages"], "model seedvr2's image executable does not take it")
+
+
 def test_vulkan_without_a_device_is_one_line_before_the_model_loads(fake_models, capsys, monkeypatch):
     import ncnnport.drivers.bench as drivers_bench
 

@@ -34,7 +34,7 @@ MATMUL_TARGET inline __m128 sum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// One 8-lane partial dot product of q (K floats) with a cache row, lane l summing k = l mod 8.
+// The scalar rest of a dot product of q with a cache row: k in [k0, K), the K % 8 the lanes left.
 MATMUL_TARGET inline float dot_tail(const float* q, const float* row, int k0, int K) {
     float s = 0.f;
     for (int k = k0; k < K; ++k) s = std::fma(q[k], row[k], s);

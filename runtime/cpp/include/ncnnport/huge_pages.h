@@ -3,8 +3,9 @@
 // Why: a decoded token streams every weight once, and on one thread that read is limited by
 // address translation as much as by DRAM: with 4 KiB pages the 311 MB fp16 Qwen3-ASR head read at
 // ~22 GB/s on an AMD EPYC whose one-thread read (numpy, whose large arrays get huge pages through
-// madvise) measured 31 GB/s, and the same head over huge pages at ~27-28 GB/s (the C++ fp16 token
-// at P=100 went from 18.5-21.6 to 16.4-17.1 ms, four interleaved rounds). ncnn allocates weights
+// madvise) measured 31 GB/s; an fp16 stream of the head's size, huge vs 4 KiB pages interleaved
+// 30 rounds in one process, took 12.6-12.9 vs 13.9-16.5 ms, and the C++ fp16 token at P=100 with
+// --huge-pages 16.2-16.3 vs 18.3-18.6 ms (3 interleaved runs). ncnn allocates weights
 // with posix_memalign, which gets huge pages only where the system's THP setting is "always";
 // the common default is "madvise". So after a net loads, the 2 MiB frames of its anonymous
 // mappings of at least `min_bytes` whose 4 KiB pages are all resident (/proc/self/pagemap: nothing

@@ -7,9 +7,10 @@
 // non-constant B, which packs (copies and transposes) the whole cache slice on every call: on
 // Qwen3-ASR's real widths at P = 1000 the two MatMuls took ~1.4 ms per layer on one EPYC thread
 // while the 8.4 MB of K/V they read takes ~0.3 ms at the measured read bandwidth. This layer reads
-// each cache row once, in place, and adds every product in the same order as ncnn's Gemm (one
-// fused multiply-add per term, k ascending from zero), so it returns ncnn's bits (checked by
-// ncnnport-matmul-check against the built-in). Registered per CPU Net (register_custom_layer with
+// each cache row once, in place. Its sums are in another order than ncnn's Gemm, which itself has
+// no one order (it matched a k-ascending fused chain bit for bit at some sizes only), so the
+// contract is the fp32 summation-order bound: ncnnport-matmul-check holds every output within
+// 2 gamma(K+1) sum |a_k b_k| of the built-in's. Registered per CPU Net (register_custom_layer with
 // the built-in type name) before load_param, where the CPU has AVX2 and FMA.
 #pragma once
 
