@@ -336,7 +336,8 @@ def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[
 def cmd_bench_cpp(args: argparse.Namespace) -> int:
     """``bench-cpp``: the C++ loop vs the Python ncnn loop vs torch eager (drivers/cpp_bench.py)."""
     from ncnnport.drivers.cpp_bench import bench_target, check_options
-    from ncnnport.stages import convert_stage, prepare
+    from ncnnport.runtime.precision import get as get_precision
+    from ncnnport.stages import precision_package, prepare
     ok = True
     for t in _targets(args):
         check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch,
@@ -344,7 +345,7 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
     for t in _targets(args):
         with _locked(t, args):
             prep = prepare(t)
-            pkg = convert_stage(prep, force=args.force)
+            pkg = precision_package(prep, get_precision(args.precision), force=args.force)
             sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
             report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
                                   t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device,
@@ -550,8 +551,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="torch device of the torch eager column (default cpu; e.g. cuda, where the model's loop serves it)")
     p.add_argument("--precision", default="fp32", metavar="NAME",
                    help="runtime/precision.py name both ncnn loops run (the executable's --precision, the Python "
-                        "graphs' options): fp32 (default) or fp16-storage; the bound counts InnerProduct weights "
-                        "at that precision's width; torch stays fp32")
+                        "graphs' options): fp32 (default) or fp16-storage, or int8-weights (package-int8w, both loops "
+                        "in fp32 flags); the bound counts InnerProduct weights at that precision's width; torch "
+                        "stays fp32")
     p.add_argument("--huge-pages", action="store_true",
                    help="decode models: both ncnn loops collapse their loaded weights onto 2 MiB pages (the "
                         "executables' --huge-pages, RuntimeOptions.huge_pages; the Python loop's pass also takes "

@@ -31,10 +31,13 @@ torch call, the executable's own VmHWM (sampled while it runs) for the C++ call.
 Precision: ``--precision NAME`` (default fp32; ``CPP_PRECISIONS``, the CPU precisions the
 executables accept, ncnnport/precision.h) runs the executable with ``--precision NAME`` and the
 Python loop's graphs under ``runtime.precision``'s options of that name; the executable's JSON
-must say it ran that precision. Torch stays fp32 eager. The bandwidth bound then counts the
-InnerProduct weights at ``Precision.inner_product_weight_bytes`` (2 under fp16 storage: ncnn's x86
-InnerProduct converts them at load) and every other weight at the width ncnn reads (the port's
-``bench_bytes(.., precision)``). Reduced precisions run on the CPU only.
+must say it ran that precision. ``int8-weights`` (``CPP_PACKAGE_PRECISIONS``) is a package's
+weights: both ncnn loops run ``package-int8w`` (built from the fp32 package when missing) in fp32
+flags, the executable's int8 Gemm overwrite serving its one-row products. Torch stays fp32 eager.
+The bandwidth bound then counts the InnerProduct weights at ``Precision.inner_product_weight_bytes``
+(2 under fp16 storage: ncnn's x86 InnerProduct converts them at load; 1 for int8 weights) and every
+other weight at the width ncnn reads (the port's ``bench_bytes(.., precision)``). Reduced
+precisions run on the CPU only.
 
 On a GPU: ``--vulkan`` runs both ncnn runtimes on the Vulkan device (the executable with
 ``--vulkan``, from the ``make cpp VULKAN=1`` build; the Python loop's graphs opened with
@@ -81,6 +84,16 @@ VULKAN_BUILD = "cpp-vulkan"  # build/<this>: `make cpp VULKAN=1`
 # The runtime/precision.py names the executables' --precision accepts (ncnnport/precision.h's
 # table; tests/cpp/test_cpp_precision.py holds the two equal).
 CPP_PRECISIONS = ("fp32", "fp16-storage")
+# Precisions that are a package's weights, not ncnn flags: bench-cpp runs them on that package
+# (runtime/precision.py package_name, e.g. package-int8w) with the executable and the Python graphs
+# in fp32 flags; the executable's own int8 Gemm (int8_gemv_layer.h) serves the int8 products.
+CPP_PACKAGE_PRECISIONS = ("int8-weights",)
+
+
+def executable_precision(precision: str) -> str:
+    """The ``--precision`` an executable runs for bench-cpp's ``precision``: its own name for the
+    flag precisions, fp32 for a package precision (the weights are in the package)."""
+    return "fp32" if precision in CPP_PACKAGE_PRECISIONS else precision
 
 
 def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
@@ -127,8 +140,9 @@ def cpp_argv(case: CppBenchCase, vulkan: bool, precision: str = "fp32", huge_pag
     decode executables' weights collapsed onto 2 MiB pages, huge_pages.h)."""
     if huge_pages and case.kind != "decode":
         raise BenchError(f"bench-cpp --huge-pages: the {case.kind} executable does not take it (decode models only)")
+    flags = executable_precision(precision)
     return [*case.argv, *(["--vulkan"] if vulkan else []),
-            *(["--precision", precision] if precision != "fp32" else []), *(["--huge-pages"] if huge_pages else [])]
+            *(["--precision", flags] if flags != "fp32" else []), *(["--huge-pages"] if huge_pages else [])]
 
 
 def precision_ran(out: Mapping[str, Any]) -> str:
@@ -152,8 +166,9 @@ def cpp_call(exe: Path, case: CppBenchCase, json_out: Path, vulkan: bool = False
         empty_folder(case.fresh_dir)
         out = run_executable(exe, argv, json_out)
         ran = precision_ran(out)
-        if ran != precision:
-            raise BenchError(f"{exe.name}: asked for --precision {precision}, its result says it ran {ran}")
+        if ran != executable_precision(precision):
+            raise BenchError(f"{exe.name}: asked for --precision {executable_precision(precision)}, its result says "
+                             f"it ran {ran}")
         if huge_pages and not (out.get("timing", {}).get("huge_pages") or {}).get("enabled"):
             raise BenchError(f"{exe.name}: asked for --huge-pages, its result does not say it took them")
         return CPP_PARSERS[case.kind](out, exe.name)
@@ -394,8 +409,9 @@ def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False
     bad counts, a precision the executables do not run (or a reduced one on Vulkan), ``--vulkan``
     without a Vulkan device or build, a torch device the port or this machine cannot serve."""
     port = get_port(model)
-    if precision not in CPP_PRECISIONS:
-        raise BenchError(f"bench-cpp --precision {precision}: the C++ executables run {', '.join(CPP_PRECISIONS)}")
+    if precision not in CPP_PRECISIONS + CPP_PACKAGE_PRECISIONS:
+        raise BenchError(f"bench-cpp --precision {precision}: the C++ executables run "
+                         f"{', '.join(CPP_PRECISIONS + CPP_PACKAGE_PRECISIONS)}")
     if vulkan and precision != "fp32":
         raise BenchError(f"bench-cpp --precision {precision} is a CPU setting; --vulkan runs fp32 (drop one of them)")
     if vulkan and huge_pages:

@@ -485,6 +485,30 @@ def test_a_result_that_ran_another_precision_is_refused(fake_models, tmp_path):
     assert cpp_bench.cpp_call(exe, case, tmp_path / "o.json")().token_ids == [1, 2, 3]
 
 
+def test_int8_weights_run_their_package_with_the_executable_in_fp32_flags(fake_models, tmp_path, recorded_argv,
+                                                                         monkeypatch):
+    """--precision int8-weights is a package's weights (package-int8w): the executable runs it
+    without --precision (its JSON says fp32, which is accepted), the Python graphs open under the
+    precision's (fp32) flags, the bound counts the InnerProduct weights at 1 byte, and the report
+    and its file name say int8-weights. A result that ran fp16 flags is refused."""
+    port = fake_models["fake-bench"]
+    monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32":
+                        {"weights": 1_000_000_000 if precision == "int8-weights" else 4_000_000_000}, raising=False)
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
+                                 log=lambda _m: None, precision="int8-weights")
+    assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7"]] * 2
+    assert port.contexts[0].precision == "int8-weights"
+    (row,) = report["rows"]
+    assert row["bound"]["inner_product_weight_bytes"] == 1 and row["bound"]["bound_ms"] == pytest.approx(50.0)
+    assert report["precision"] == "int8-weights" and not any(report["precision_flags"].values())
+    assert cpp_bench.report_stem(report) == "fake-bench-int8-weights" and report["passed"]
+    case = CppBenchCase("P=3", "decode", ["--ids", "1,2,3", "--prompt", "7", "--ran", "fp16-storage"],
+                        lambda: DecodeRun("python", 7, [1, 2, 3], 0.3, 2))
+    with pytest.raises(cpp_bench.BenchError, match="asked for --precision fp32, its result says it ran fp16-storage"):
+        cpp_bench.cpp_call(tmp_path / "cpp" / "fake-exe", case, tmp_path / "o.json", precision="int8-weights")()
+
+
 def test_huge_pages_reach_the_executable_the_python_graphs_and_the_report(fake_models, tmp_path, recorded_argv,
                                                                         monkeypatch):
     """--huge-pages: the executable gets the flag, the port's Python graphs open with
@@ -508,7 +532,8 @@ def test_huge_pages_reach_the_executable_the_python_graphs_and_the_report(fake_m
 
 @pytest.mark.parametrize("argv, expected", [
     (["--huge-pages", "--vulkan"], "--huge-pages backs CPU weights; --vulkan keeps them on the device"),
-    (["--precision", "bf16"], "bench-cpp --precision bf16: the C++ executables run fp32, fp16-storage"),
+    (["--precision", "bf16"], "bench-cpp --precision bf16: the C++ executables run fp32, fp16-storage, int8-weights"),
+    (["--precision", "int8-weights", "--vulkan"], "int8-weights is a CPU setting; --vulkan runs fp32"),
     (["--precision", "fp16-storage", "--vulkan"], "fp16-storage is a CPU setting; --vulkan runs fp32"),
 ])
 def test_a_setting_the_executables_do_not_run_is_one_line(fake_models, capsys, argv, expected):

@@ -6,6 +6,7 @@
 
 #include "ncnnport/gemv_layer.h"
 #include "ncnnport/matmul_layer.h"
+#include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/precision.h"
 
 #include <algorithm>
@@ -173,15 +174,22 @@ bool matmul_active(const GraphOptions& options) {
     return !options.vulkan && options.matmul_kernel && matmul_layer_supported();
 }
 
+bool int8_gemv_active(const GraphOptions& options) {
+    return !options.vulkan && options.int8_kernel && int8_gemv_layer_supported();
+}
+
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
     if (matmul_active(options)) register_matmul_layer(net);
+    if (int8_gemv_active(options)) register_int8_gemv_layer(net);
     return gemv_active(options) && register_gemv_layer(net);
 }
 
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
-            {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()}};
+            {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
+            {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
+            {"int8_gemv_calls", int8_gemv_layer_calls()}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

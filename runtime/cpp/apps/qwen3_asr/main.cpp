@@ -2,7 +2,7 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]
+//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
 //   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
@@ -49,6 +49,7 @@ struct Args {
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
     bool huge_pages = false;  // --huge-pages: weights collapsed onto 2 MiB pages after loading (huge_pages.h)
     bool matmul_kernel = true;  // --ncnn-matmul: ncnn's MatMul for decode attention (matmul_layer.h)
+    bool int8_kernel = true;    // --ncnn-int8: ncnn's Gemm for int8-weights products (int8_gemv_layer.h)
 };
 
 using ncnnport::int_arg;
@@ -57,7 +58,7 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]\n"
+    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n"
     "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.
@@ -96,6 +97,7 @@ Args parse_args(int argc, char** argv) {
         else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
         else if (flag == "--huge-pages") a.huge_pages = true;
         else if (flag == "--ncnn-matmul") a.matmul_kernel = false;
+        else if (flag == "--ncnn-int8") a.int8_kernel = false;
         else if (flag == "--precision") a.precision = value();
         else throw UsageError("unknown option " + flag);
     }
@@ -134,7 +136,8 @@ int run(const Args& args) {
         throw ncnnport::AudioError(args.audio + ": audio too short (" + std::to_string(wave.size())
                                    + " samples at 16000 Hz; the official features need at least 201)");
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel,
+                                               args.int8_kernel};
     qwen3_asr::Asr asr(args.package, graph_options, !args.host_kv);
     const auto& info = asr.info();
     const int max_new = args.max_new_tokens >= 0 ? args.max_new_tokens : info.default_max_new_tokens;

@@ -4,7 +4,7 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
-//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]
+//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -43,6 +43,7 @@ struct Args {
     std::string precision = "fp32";  // --precision: a CPU precision of ncnnport/precision.h
     bool huge_pages = false;  // --huge-pages: weights collapsed onto 2 MiB pages after loading (huge_pages.h)
     bool matmul_kernel = true;  // --ncnn-matmul: ncnn's MatMul for decode attention (matmul_layer.h)
+    bool int8_kernel = true;    // --ncnn-int8: ncnn's Gemm for int8-weights products (int8_gemv_layer.h)
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
@@ -55,7 +56,7 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul]\n";
+    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -78,6 +79,7 @@ Args parse_args(int argc, char** argv) {
         else if (ncnnport::parse_gemv_flag(flag, a.gemv)) {}
         else if (flag == "--huge-pages") a.huge_pages = true;
         else if (flag == "--ncnn-matmul") a.matmul_kernel = false;
+        else if (flag == "--ncnn-int8") a.int8_kernel = false;
         else if (flag == "--precision") a.precision = value();
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {
@@ -158,7 +160,8 @@ int run(const Args& args) {
         return 0;
     }
 
-    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel};
+    const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel,
+                                               args.int8_kernel};
     youtu_vl::Vl vl(args.package, graph_options, args.perturb);
     const int max_new = args.max_new_tokens > 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const std::vector<int> ids = vl.prompt_ids(args.prompt, image ? std::optional<int>(image->num_tokens()) : std::nullopt);

@@ -46,21 +46,29 @@ struct GraphOptions {
     // CPU nets: decode attention's MatMuls by ncnnport's kernel (matmul_layer.h) where the CPU
     // runs it; false (--ncnn-matmul) keeps ncnn's MatMul, for comparisons.
     bool matmul_kernel = true;
+    // CPU nets: one-row products of int8-weights Gemms (package-int8w) by ncnnport's kernel
+    // (int8_gemv_layer.h) where the CPU runs it; false (--ncnn-int8) keeps ncnn's Gemm.
+    bool int8_kernel = true;
 };
 
 // True when graphs opened with `options` get the gemv overwrite: a CPU net, a CPU that runs the
 // kernel, and GemvChoice Kernel, or Auto without ncnn's AVX-512 copy at work.
 bool gemv_active(const GraphOptions& options);
 // Registers the gemv overwrite on `net` (before load_param) when gemv_active(options), and the
-// MatMul overwrite when matmul_active(options); true when the gemv overwrite was registered.
+// MatMul overwrite when matmul_active(options) and the int8 Gemm overwrite when
+// int8_gemv_active(options); true when the gemv overwrite was registered.
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
 // True when graphs opened with `options` get the MatMul overwrite: a CPU net, a CPU that runs the
 // kernel, and options.matmul_kernel.
 bool matmul_active(const GraphOptions& options);
+// True when graphs opened with `options` get the int8 Gemm overwrite: a CPU net, a CPU that runs
+// the kernel (AVX-512 VNNI), and options.int8_kernel.
+bool int8_gemv_active(const GraphOptions& options);
 // What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), the one-row products the
 // overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran), and
 // whether ncnn's own InnerProduct runs its AVX-512 copy here ("gemv_ncnn_avx512", the Auto rule);
-// likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls".
+// likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls", and "int8_gemv"
+// ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls".
 nlohmann::json gemv_json(const GraphOptions& options);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set

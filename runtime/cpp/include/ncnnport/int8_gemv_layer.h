@@ -1,0 +1,41 @@
+// A stand-in for ncnn's built-in Gemm that computes the one-row product of an int8-weights package
+// (convert/int8_weights.py: quantize_term 80y, int8 weights with a 127/absmax scale per output row
+// and K-block, the input quantized per call) with an AVX-512 VNNI kernel, and hands every other
+// case to the built-in Gemm.
+//
+// Why: a decoded token of package-int8w runs every projection and the head as such a Gemm on one
+// row, which is bound by the weight bytes it reads (1 per weight). ncnn 1.0.20261020's x86 kernel
+// for it (gemm_BT_x86_wq_int8) tiles and packs the one-row input like a matrix and read the
+// weights at ~5.6 GB/s on one EPYC thread (qwen3-asr real-L4 decode layers: 19 % of the 1-byte
+// bound). This layer streams 16 output rows at once, 4 per sequential stream.
+//
+// Arithmetic: ncnn's own. The input is quantized per K-block exactly as ncnn's x86 kernel does it
+// (absmax, scale 127/absmax, +-0.5 then truncation, clamp to +-127, descale absmax/127); each
+// block's integer dot product is exact (the weights are stored as w + 128 in unsigned bytes and
+// 128 * sum(x) is subtracted per block); the blocks are added in k order as
+// fsum = fma(float(isum), descale_x * descale_w, fsum) with descale_w = 1 / scale, ncnn's vector
+// path. Where ncnn itself takes a scalar tail for some columns (two roundings instead of one fused
+// multiply-add), the outputs can differ by the fp32 rounding of that sum: ncnnport-int8-gemv-check
+// reports bit equality and holds every output within the summation bound.
+// Registered per CPU Net (register_custom_layer with the built-in type name) before load_param,
+// where the CPU has AVX-512 F, BW and VNNI.
+#pragma once
+
+#include <net.h>  // ncnn
+
+#include <cstdint>
+
+namespace ncnnport {
+
+// True on an x86 build running on a CPU with AVX-512 F, BW, VL and VNNI (the kernel's
+// instructions); false elsewhere (never registered: ncnn's Gemm runs).
+bool int8_gemv_layer_supported();
+
+// Registers the overwrite of "Gemm" on `net`; call before net.load_param. False (nothing
+// registered) where int8_gemv_layer_supported() is false.
+bool register_int8_gemv_layer(ncnn::Net& net);
+
+// One-row int8 products the overwrite computed itself in this process (a run proves it ran).
+uint64_t int8_gemv_layer_calls();
+
+}  // namespace ncnnport

@@ -1,0 +1,371 @@
+#include "ncnnport/int8_gemv_layer.h"
+
+#include "ncnnport/builtin_overwrite.h"
+
+#include <layer.h>
+#include <layer_type.h>
+#include <mat.h>
+#include <modelbin.h>
+#include <paramdict.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+// GCC 12's AVX-512 headers build several intrinsics on _mm512_undefined_*(), which its
+// -Wmaybe-uninitialized flags once inlined (GCC bug 105593): silenced for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define NCNNPORT_INT8_X86 1
+#else
+#define NCNNPORT_INT8_X86 0
+#endif
+
+namespace ncnnport {
+
+namespace {
+
+std::atomic<uint64_t> g_int8_calls{0};
+
+#if NCNNPORT_INT8_X86
+#define INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+constexpr int kLanes = 16;  // output rows per row group: one int32 / fp32 lane each
+constexpr int kChains = 4;  // independent accumulators per group (alternate k-quads), added per block
+
+// The kernel's copy of the weights, one sequential stream. Row group g (rows 16g..16g+15) is
+// K * 16 contiguous bytes: for each k-quad t, 64 bytes holding row j's k = 4t..4t+3 at 4j
+// (dpbusd's layout: lane j sums row j), each byte w + 128 (the unsigned operand; 128 * sum(x)
+// is taken off per block); groups follow each other, the last padded with zero weights and zero
+// descales. Read in order, the whole matrix is one stream: the hardware prefetcher then runs
+// ahead of the arithmetic (on the Qwen3-ASR head, 160 MB, one EPYC thread: 23-25 GB/s; the same
+// kernel reading 4 or 2 groups a quarter / half of the matrix apart, 16-20 GB/s).
+struct Packed {
+    ncnn::Mat weights;   // uint8, groups * k * 16
+    ncnn::Mat descales;  // float [groups][blocks][16]: 1 / scale, as ncnn's x86 packing computes it
+    ncnn::Mat bias;      // N floats, or empty
+    int n = 0, k = 0, block = 0, blocks = 0, groups = 0;
+    size_t group_bytes() const { return static_cast<size_t>(k) * kLanes; }
+    // the byte of row o, column c
+    size_t offset(size_t o, int c) const {
+        return (o / kLanes) * group_bytes() + static_cast<size_t>(c / 4) * 64 + (o % kLanes) * 4 + c % 4;
+    }
+    size_t descale_index(size_t o, int b) const { return ((o / kLanes) * blocks + b) * kLanes + o % kLanes; }
+    // K-block b's length: `block`, the last one what is left of K (ncnn's max_kk0)
+    int block_len(int b) const { return std::min(block, k - b * block); }
+};
+
+// The one-row input quantized per K-block as ncnn's x86 kernel does (quantize_A_tile_wq_int8 for
+// one row): scale 127/absmax (0 for an all-zero block), q = trunc(v*scale +- 0.5) saturated to
+// [-127, 127], descale absmax/127. Also 128 * sum(q) per block, what the unsigned weights add.
+INT8_TARGET void quantize_row(const float* x, int k, int block, int8_t* q, float* descale, int32_t* shift) {
+    const int blocks = (k + block - 1) / block;
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+    for (int b = 0; b < blocks; ++b) {
+        const float* xb = x + static_cast<size_t>(b) * block;
+        const int len = std::min(block, k - b * block);  // a multiple of 16 (Int8GemvGemm::load_param)
+        __m512 mx = _mm512_setzero_ps();
+        for (int i = 0; i < len; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+        const float absmax = _mm512_reduce_max_ps(mx);
+        const float scale = absmax != 0.f ? 127.f / absmax : 0.f;
+        descale[b] = absmax / 127.f;
+        const __m512 s = _mm512_set1_ps(scale);
+        int32_t sum = 0;
+        for (int i = 0; i < len; i += 16) {
+            const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + i), s);
+            const __m512 signed_half = _mm512_castsi512_ps(
+                _mm512_or_si512(_mm512_castps_si512(half), _mm512_and_si512(_mm512_castps_si512(v), sign_mask)));
+            const __m512 rounded = _mm512_add_ps(v, signed_half);
+            __m128i q8 = _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(rounded));
+            q8 = _mm_max_epi8(q8, _mm_set1_epi8(-127));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + static_cast<size_t>(b) * block + i), q8);
+            sum += _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(q8));
+        }
+        shift[b] = 128 * sum;
+    }
+}
+
+INT8_TARGET inline __m512i broadcast_quad(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
+// Row group g: 16 output rows. Per block, each row's exact integer dot product in its lane
+// (kChains accumulators over alternate k-quads, added), then fsum = fma(float(isum),
+// descale_x * descale_w, fsum) in k order (ncnn's vector path).
+INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float* xdescale, const int32_t* shift,
+                           float* out) {
+    const uint8_t* p = static_cast<const uint8_t*>(pk.weights.data) + static_cast<size_t>(g) * pk.group_bytes();
+    const float* d = static_cast<const float*>(pk.descales.data) + static_cast<size_t>(g) * pk.blocks * kLanes;
+    __m512 f = _mm512_setzero_ps();
+    for (int b = 0; b < pk.blocks; ++b) {
+        const int len = pk.block_len(b), quads = len / 4;
+        __m512i acc[kChains];
+        for (int c = 0; c < kChains; ++c) acc[c] = _mm512_setzero_si512();
+        const int8_t* qb = q + static_cast<size_t>(b) * pk.block;
+        for (int t = 0; t < quads; t += kChains) {
+#pragma GCC unroll 4
+            for (int c = 0; c < kChains; ++c)
+                acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_loadu_si512(p + 64 * (t + c)), broadcast_quad(qb + 4 * (t + c)));
+        }
+        const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3])),
+                                              _mm512_set1_epi32(shift[b]));
+        const __m512 dsc = _mm512_mul_ps(_mm512_set1_ps(xdescale[b]), _mm512_loadu_ps(d + b * kLanes));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dsc, f);
+        p += static_cast<size_t>(len) * kLanes;
+    }
+    _mm512_storeu_ps(out, f);
+}
+
+// y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
+// thread reads one contiguous run of groups).
+void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads) {
+    const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int g = 0; g < pk.groups; ++g) {
+        alignas(64) float out[kLanes];
+        run_group(pk, g, q, xdescale, shift, out);
+        const int o0 = g * kLanes;
+        for (int i = 0; i < std::min(kLanes, pk.n - o0); ++i) y[o0 + i] = bias ? out[i] + bias[o0 + i] : out[i];
+    }
+}
+
+// The kernel's copy of int8 weights `b` ([N][K] bytes) with per-row, per-block `scales`
+// ([N][blocks] of 127/absmax); nullptr on allocation failure.
+std::shared_ptr<Packed> pack_weights(const ncnn::Mat& b, const ncnn::Mat& scales, const ncnn::Mat& bias, int n, int k,
+                                     int block) {
+    auto pk = std::make_shared<Packed>();
+    pk->n = n;
+    pk->k = k;
+    pk->block = block;
+    pk->blocks = (k + block - 1) / block;
+    pk->groups = (n + kLanes - 1) / kLanes;
+    pk->weights.create(static_cast<int>(pk->group_bytes()), pk->groups, static_cast<size_t>(1u));
+    pk->descales.create(pk->blocks * kLanes, pk->groups);
+    if (pk->weights.empty() || pk->descales.empty()) return nullptr;
+    if (!bias.empty()) {
+        pk->bias = bias.clone();
+        if (pk->bias.empty()) return nullptr;
+    }
+    auto* dst = static_cast<uint8_t*>(pk->weights.data);
+    auto* dsc = static_cast<float*>(pk->descales.data);
+    const auto* src = static_cast<const int8_t*>(b.data);
+    const auto* sc = static_cast<const float*>(scales.data);
+    for (size_t o = 0; o < static_cast<size_t>(pk->groups) * kLanes; ++o) {
+        const bool real = o < static_cast<size_t>(n);
+        for (int c = 0; c < k; ++c) dst[pk->offset(o, c)] = real ? static_cast<uint8_t>(src[o * k + c]) ^ 0x80u : 0x80u;
+        for (int blk = 0; blk < pk->blocks; ++blk) dsc[pk->descale_index(o, blk)] = real ? 1.f / sc[o * pk->blocks + blk] : 0.f;
+    }
+    return pk;
+}
+
+// The [N][K] int8 weights back from the kernel's copy (exact), for a built-in Gemm created after
+// the raw weights were released.
+ncnn::Mat unpack_weights(const Packed& pk) {
+    ncnn::Mat out(pk.n * pk.k, static_cast<size_t>(1u));
+    if (out.empty()) return out;
+    auto* dst = static_cast<int8_t*>(out.data);
+    const auto* src = static_cast<const uint8_t*>(pk.weights.data);
+    for (size_t o = 0; o < static_cast<size_t>(pk.n); ++o)
+        for (int c = 0; c < pk.k; ++c) dst[o * pk.k + c] = static_cast<int8_t>(src[pk.offset(o, c)] ^ 0x80u);
+    return out;
+}
+
+class Int8GemvGemm : public ncnn::Layer {
+public:
+    Int8GemvGemm() {
+        one_blob_only = false;
+        support_inplace = false;
+    }
+
+    // Gemm's parameters (ncnn's ids); the same ParamDict goes to the built-in Gemm, whose storage
+    // flags this layer adopts so ncnn feeds both the same blobs.
+    int load_param(const ncnn::ParamDict& pd) override {
+        const float alpha = pd.get(0, 1.f), beta = pd.get(1, 1.f);
+        const int trans_a = pd.get(2, 0), trans_b = pd.get(3, 0), constant_a = pd.get(4, 0), constant_b = pd.get(5, 0);
+        constant_c_ = pd.get(6, 0);
+        n_ = pd.get(8, 0);
+        k_ = pd.get(9, 0);
+        broadcast_c_ = pd.get(10, 0);
+        const bool plain_output = pd.get(11, 0) == 0 && pd.get(12, 0) == 0 && pd.get(13, 0) == 0 && pd.get(14, 0) == 0;
+        const int quantize_term = pd.get(18, 0);
+        block_ = quantize_term % 10 == 2 ? 128 : quantize_term % 10 == 1 ? 64 : 32;
+        // 8-bit weights, no input scales (80y), constant transposed B, A as input, C none or per column
+        ours_ = quantize_term / 100 == 8 && quantize_term % 100 / 10 == 0 && quantize_term % 10 <= 2 && constant_a == 0
+                && constant_b == 1 && trans_a == 0 && trans_b == 1 && plain_output && alpha == 1.f && beta == 1.f
+                && (constant_c_ == 0 || broadcast_c_ == -1 || broadcast_c_ == 4) && n_ > 0 && k_ > 0
+                && block_ % (4 * kChains) == 0 && k_ % (4 * kChains) == 0;
+        builtin_.reset(ncnn::create_layer_cpu(ncnn::LayerType::Gemm));
+        if (!builtin_) return -1;
+        const int ret = builtin_->load_param(pd);
+        if (ret != 0) return ret;
+        one_blob_only = builtin_->one_blob_only;
+        support_packing = builtin_->support_packing;
+        support_bf16_storage = builtin_->support_bf16_storage;
+        support_fp16_storage = builtin_->support_fp16_storage;
+        support_int8_storage = builtin_->support_int8_storage;
+        support_any_packing = builtin_->support_any_packing;
+        return 0;
+    }
+
+    // Gemm::load_model's records for this case, in its order: B as raw int8 [N][K], C per column
+    // (flagged), the scales [N][blocks]. Any other Gemm loads into the built-in directly.
+    int load_model(const ncnn::ModelBin& mb) override {
+        if (!ours_) return builtin_->load_model(mb);
+        b_ = mb.load(k_, n_, 8);
+        if (b_.empty()) return -100;
+        if (has_c()) {
+            c_ = mb.load(n_, 1, 0);
+            if (c_.empty()) return -100;
+        }
+        scales_ = mb.load((k_ + block_ - 1) / block_, n_, 1);
+        return scales_.empty() ? -100 : 0;
+    }
+
+    // The kernel's copy when the one-row case can run here (then the raw weights go), else the
+    // built-in now, exactly as ncnn would build it.
+    int create_pipeline(const ncnn::Option& opt) override {
+        if (!ours_) return builtin_->create_pipeline(opt);
+        pipeline_opt_ = opt;
+        pipeline_opt_.blob_allocator = nullptr;
+        pipeline_opt_.workspace_allocator = nullptr;
+        if (options_fit(opt)) {
+            packed_ = pack_weights(b_, scales_, c_, n_, k_, block_);
+            if (!packed_) return -100;
+            b_.release();
+            return 0;
+        }
+        return build_builtin(b_);
+    }
+
+    int destroy_pipeline(const ncnn::Option& opt) override {
+        if (!ours_) return builtin_->destroy_pipeline(opt);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (builtin_ready_) builtin_->destroy_pipeline(opt);
+        builtin_ready_ = false;
+        packed_.reset();
+        return 0;
+    }
+
+    // A Gemm with constant B and C takes one blob (Gemm::load_param sets one_blob_only), and ncnn
+    // then calls this form: the same as the list form with one input and one output.
+    int forward(const ncnn::Mat& bottom, ncnn::Mat& top, const ncnn::Option& opt) const override {
+        std::vector<ncnn::Mat> tops(1);
+        const int ret = forward(std::vector<ncnn::Mat>{bottom}, tops, opt);
+        top = tops[0];
+        return ret;
+    }
+
+    int forward(const std::vector<ncnn::Mat>& bottoms, std::vector<ncnn::Mat>& tops, const ncnn::Option& opt) const override {
+        if (!ours_) return builtin_->forward(bottoms, tops, opt);
+        if (bottoms.size() == 1 && tops.size() == 1 && options_fit(opt) && is_one_row(bottoms[0])) {
+            std::shared_ptr<const Packed> pk;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                pk = packed_;
+            }
+            if (pk) return forward_gemv(*pk, bottoms[0], tops[0], opt);
+        }
+        ncnn::Layer* builtin = ready_builtin();
+        if (!builtin) return -100;
+        return builtin->forward(bottoms, tops, opt);
+    }
+
+private:
+    bool has_c() const { return constant_c_ == 1 && broadcast_c_ == 4; }
+    static bool options_fit(const ncnn::Option& opt) { return !opt.use_vulkan_compute && !opt.use_bf16_storage; }
+
+    // One unpacked fp32 row [K] as a 2-D Mat (w = K, h = 1): what convert/int8_weights.py's
+    // Reshape feeds the Gemm in a decode step.
+    bool is_one_row(const ncnn::Mat& m) const {
+        return !m.empty() && m.dims == 2 && m.elembits() == 32 && m.elempack == 1 && m.h == 1 && m.w == k_;
+    }
+
+    int forward_gemv(const Packed& pk, const ncnn::Mat& a, ncnn::Mat& top, const ncnn::Option& opt) const {
+        top.create(n_, 1, 4u, opt.blob_allocator);
+        if (top.empty()) return -100;
+        const int blocks = (k_ + block_ - 1) / block_;
+        std::vector<int8_t> q(static_cast<size_t>(k_));
+        std::vector<float> descale(static_cast<size_t>(blocks));
+        std::vector<int32_t> shift(static_cast<size_t>(blocks));
+        quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
+        run_gemv(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
+        g_int8_calls.fetch_add(1, std::memory_order_relaxed);
+        return 0;
+    }
+
+    // The built-in with its pipeline, made on first need from the kernel's copy (which then goes:
+    // a graph that runs several rows keeps one copy of its weights).
+    ncnn::Layer* ready_builtin() const {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (builtin_ready_) return builtin_.get();
+        if (!packed_) return nullptr;
+        const ncnn::Mat unpacked = unpack_weights(*packed_);
+        if (unpacked.empty()) return nullptr;
+        if (const_cast<Int8GemvGemm*>(this)->build_builtin(unpacked) != 0) return nullptr;
+        packed_.reset();
+        return builtin_.get();
+    }
+
+    // Loads the built-in from `b` ([N][K] int8) and the kept C and scales, and creates its
+    // pipeline with the options of create_pipeline; the raw records go.
+    int build_builtin(const ncnn::Mat& b) {
+        ncnn::Mat records[3];
+        int n = 0;
+        records[n++] = b;
+        if (has_c()) records[n++] = c_;
+        records[n++] = scales_;
+        int ret = builtin_->load_model(ncnn::ModelBinFromMatArray(records));
+        if (ret == 0) ret = builtin_->create_pipeline(pipeline_opt_);
+        if (ret != 0) return ret;
+        builtin_ready_ = true;
+        b_.release();
+        c_.release();
+        scales_.release();
+        return 0;
+    }
+
+    bool ours_ = false;
+    int constant_c_ = 0, broadcast_c_ = 0, n_ = 0, k_ = 0, block_ = 0;
+    ncnn::Mat b_, c_, scales_;  // as loaded; b_ goes once packed, c_ and scales_ stay for a late built-in
+    ncnn::Option pipeline_opt_;
+    std::unique_ptr<ncnn::Layer> builtin_;
+    mutable std::mutex mutex_;  // guards packed_ and builtin_ready_ (forward is const and may run concurrently)
+    mutable std::shared_ptr<const Packed> packed_;
+    mutable bool builtin_ready_ = false;
+};
+
+ncnn::Layer* create_int8_gemv_layer(void*) { return new Int8GemvGemm; }
+void destroy_int8_gemv_layer(ncnn::Layer* layer, void*) { delete layer; }
+#endif  // NCNNPORT_INT8_X86
+
+}  // namespace
+
+bool int8_gemv_layer_supported() {
+#if NCNNPORT_INT8_X86
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+           && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+bool register_int8_gemv_layer(ncnn::Net& net) {
+#if NCNNPORT_INT8_X86
+    if (!int8_gemv_layer_supported()) return false;
+    return register_overwrite_quietly(net, "Gemm", create_int8_gemv_layer, destroy_int8_gemv_layer);
+#else
+    (void)net;
+    return false;
+#endif
+}
+
+uint64_t int8_gemv_layer_calls() { return g_int8_calls.load(std::memory_order_relaxed); }
+
+}  // namespace ncnnport
