@@ -115,6 +115,7 @@ def test_a_differing_id_or_a_large_overhead_is_reported():
     row = cpp_bench.decode_row("P=100", runs, new_tokens=3)
     assert not row["ids_cpp_equal_python"]
     assert row["id_mismatches"] == [{"round": i, "first_difference": 2} for i in range(3)]
+    assert cpp_bench.ids_cell(row) == "NO (from token 2)"
     assert row["cpp"]["overhead"]["median"] == pytest.approx(0.5) and not row["overhead_met"]
     short = {"cpp": [run("cpp", [1, 2], 0.2, 0.19)], "python": [run("python", [1, 2], 0.2)]}
     assert not cpp_bench.decode_row("P=100", short, new_tokens=3)["forced_length"]
@@ -503,6 +504,8 @@ def test_int8_weights_run_their_package_with_the_executable_in_fp32_flags(fake_m
     assert row["bound"]["inner_product_weight_bytes"] == 1 and row["bound"]["bound_ms"] == pytest.approx(50.0)
     assert report["precision"] == "int8-weights" and not any(report["precision_flags"].values())
     assert cpp_bench.report_stem(report) == "fake-bench-int8-weights" and report["passed"]
+    # a package precision's ids are reported, not gated (two ncnn builds round its int8 Gemm apart)
+    assert report["ids_gated"] is False and cpp_bench.IDS_NOT_GATED in cpp_bench.markdown(report, "h")
     case = CppBenchCase("P=3", "decode", ["--ids", "1,2,3", "--prompt", "7", "--ran", "fp16-storage"],
                         lambda: DecodeRun("python", 7, [1, 2, 3], 0.3, 2))
     with pytest.raises(cpp_bench.BenchError, match="asked for --precision fp32, its result says it ran fp16-storage"):

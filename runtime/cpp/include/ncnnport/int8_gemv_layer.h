@@ -6,19 +6,23 @@
 // Why: a decoded token of package-int8w runs every projection and the head as such a Gemm on one
 // row, which is bound by the weight bytes it reads (1 per weight). ncnn 1.0.20261020's x86 kernel
 // for it (gemm_BT_x86_wq_int8) tiles and packs the one-row input like a matrix and read the
-// weights at ~5.6 GB/s on one EPYC thread (qwen3-asr real-L4 decode layers: 19 % of the 1-byte
-// bound). This layer streams 16 output rows at once, 4 per sequential stream.
+// weights at 4-7 GB/s on one EPYC thread (qwen3-asr real-L4 decode layers: 19 % of the 1-byte
+// bound). This layer keeps its own copy of the weights as one sequential stream of 16-row groups
+// (dpbusd's layout: one int32 lane per output row, no horizontal sums), which the hardware
+// prefetcher runs ahead of: the 160 MB head at 23-25 GB/s isolated (ncnn: 5.3-6.9 GB/s).
 //
-// Arithmetic: ncnn's own. The input is quantized per K-block exactly as ncnn's x86 kernel does it
-// (absmax, scale 127/absmax, +-0.5 then truncation, clamp to +-127, descale absmax/127); each
-// block's integer dot product is exact (the weights are stored as w + 128 in unsigned bytes and
-// 128 * sum(x) is subtracted per block); the blocks are added in k order as
-// fsum = fma(float(isum), descale_x * descale_w, fsum) with descale_w = 1 / scale, ncnn's vector
-// path. Where ncnn itself takes a scalar tail for some columns (two roundings instead of one fused
-// multiply-add), the outputs can differ by the fp32 rounding of that sum: ncnnport-int8-gemv-check
-// reports bit equality and holds every output within the summation bound.
-// Registered per CPU Net (register_custom_layer with the built-in type name) before load_param,
-// where the CPU has AVX-512 F, BW and VNNI.
+// Arithmetic: ncnn's own up to the order of fp32 additions. The input is quantized per K-block as
+// ncnn's x86 kernel does it (absmax, scale 127/absmax, +-0.5 then truncation, clamp to +-127,
+// descale absmax/127); each block's integer dot product is exact (the weights are stored as
+// w + 128 in unsigned bytes and 128 * sum(x) is subtracted per block); the blocks are added in k
+// order as fsum = fma(float(isum), descale_x * descale_w, fsum), descale_w = 1 / scale. ncnn's
+// own result differs from that chain in the last bits on some outputs (measured, not traced), so
+// the contract is the fp32 summation bound over the blocks: ncnnport-int8-gemv-check holds every
+// output within it (measured at most 0.09 of it) and reports bit equality.
+// The kernel's case: 8-bit weights without input scales (quantize_term 80y), constant transposed
+// B, alpha = beta = 1, C none or per column, K and the block a multiple of 16, one fp32 row in;
+// every other Gemm, and more rows, run ncnn's. Registered per CPU Net (register_custom_layer with
+// the built-in type name) before load_param, where the CPU has AVX-512 F, BW, VL and VNNI.
 #pragma once
 
 #include <net.h>  // ncnn
