@@ -59,6 +59,17 @@ def test_one_row_products_run_the_kernel_within_the_summation_bound(check, shape
 
 
 @pytest.mark.slow
+def test_the_kernel_copy_lives_in_the_huge_page_arena(check):
+    """kernel_weight_allocator.h: the kernel's copy (16 rows of K bytes per group, padded to a
+    whole group) is cut from the arena, and reported live (ncnn's Mat adds its 4-byte refcount)."""
+    out = run_check(check, 8192, 1024)  # 8 MiB of int8 weights, 512 groups of 16 rows
+    assert out["kernel_calls"] == 1 and out["max_diff_over_bound"] <= 1.0, out
+    assert out["kernel_weights_huge_bytes"] == 8192 * 1024 + 4, out
+    out = run_check(check, 100, 256)  # 7 groups: 112 rows
+    assert out["kernel_weights_huge_bytes"] == 112 * 256 + 4, out
+
+
+@pytest.mark.slow
 def test_several_rows_stay_on_the_builtin_inside_the_overwrite(check):
     """A prefill-shaped call (3 rows) goes to ncnn's Gemm, built from the kernel's copy of the
     weights on first need: its numbers are ncnn's, bit for bit."""

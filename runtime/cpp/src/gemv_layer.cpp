@@ -1,6 +1,7 @@
 #include "ncnnport/gemv_layer.h"
 
 #include "ncnnport/builtin_overwrite.h"
+#include "ncnnport/kernel_weight_allocator.h"
 
 #include <cpu.h>
 #include <layer.h>
@@ -139,7 +140,7 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& weights, const ncnn::Mat& 
     pk->num_input = num_input;
     pk->num_output = num_output;
     pk->blocks = (num_output + kBlock - 1) / kBlock;
-    pk->weights.create(num_input * kBlock, pk->blocks, static_cast<size_t>(fp16 ? 2u : 4u));
+    pk->weights.create(num_input * kBlock, pk->blocks, static_cast<size_t>(fp16 ? 2u : 4u), kernel_weight_allocator());
     pk->bias.create(pk->blocks * kBlock);
     if (pk->weights.empty() || pk->bias.empty()) return nullptr;
     pk->bias.fill(0.f);

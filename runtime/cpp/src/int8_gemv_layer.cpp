@@ -1,6 +1,7 @@
 #include "ncnnport/int8_gemv_layer.h"
 
 #include "ncnnport/builtin_overwrite.h"
+#include "ncnnport/kernel_weight_allocator.h"
 
 #include <layer.h>
 #include <layer_type.h>
@@ -146,7 +147,7 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& b, const ncnn::Mat& scales
     pk->block = block;
     pk->blocks = (k + block - 1) / block;
     pk->groups = (n + kLanes - 1) / kLanes;
-    pk->weights.create(static_cast<int>(pk->group_bytes()), pk->groups, static_cast<size_t>(1u));
+    pk->weights.create(static_cast<int>(pk->group_bytes()), pk->groups, static_cast<size_t>(1u), kernel_weight_allocator());
     pk->descales.create(pk->blocks * kLanes, pk->groups);
     if (pk->weights.empty() || pk->descales.empty()) return nullptr;
     if (!bias.empty()) {

@@ -7,6 +7,7 @@
 #include "ncnnport/gemv_layer.h"
 #include "ncnnport/matmul_layer.h"
 #include "ncnnport/int8_gemv_layer.h"
+#include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/precision.h"
 
 #include <algorithm>
@@ -189,7 +190,7 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
             {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
-            {"int8_gemv_calls", int8_gemv_layer_calls()}};
+            {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

@@ -20,8 +20,9 @@
 // --rounds R > 0 also times both, interleaved call by call (median ms of each); --cold reads a
 // 256 MB buffer before every timed call, so the weights come from DRAM as in a decode step.
 // Prints one JSON object: "registered", the shapes, "kernel_calls", "max_abs_diff",
-// "max_diff_over_bound", "bit_equal", "weight_bytes" and with --rounds the two medians and the
-// kernel's GB/s. Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
+// "max_diff_over_bound", "bit_equal", "weight_bytes", "kernel_weights_huge_bytes" (the kernel's
+// copy in the huge-page arena, kernel_weight_allocator.h) and with --rounds the two
+// medians and both GB/s. Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include <mat.h>
 #include <net.h>
 
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "ncnnport/int8_gemv_layer.h"
+#include "ncnnport/kernel_weight_allocator.h"
 
 namespace {
 
@@ -132,7 +134,7 @@ void open_net(ncnn::Net& net, const Args& a, const Layer& l, bool overwrite) {
                               + std::to_string(a.n) + " 9=" + std::to_string(a.k) + " 10=" + (a.bias ? "4" : "-1")
                               + " 18=" + std::to_string(800 + block_code(a.block)) + "\n";
     if (net.load_param_mem(param.c_str()) != 0) throw std::runtime_error("load_param_mem failed");
-    if (net.load_model(l.bin.data()) != static_cast<int>(l.bin.size())) throw std::runtime_error("load_model read another size than the .bin");
+    if (net.load_model(l.bin.data()) != l.bin.size()) throw std::runtime_error("load_model read another size than the .bin");
 }
 
 ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A) {
@@ -213,7 +215,8 @@ int main(int argc, char** argv) {
         nlohmann::json out = {{"registered", ncnnport::int8_gemv_layer_supported()}, {"n", a.n}, {"k", a.k}, {"block", a.block},
                               {"bias", a.bias}, {"rows", a.rows}, {"threads", a.threads}, {"out_shape", {want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
-                              {"bit_equal", bit_equal}, {"weight_bytes", l.q.size() + l.scales.size() * sizeof(float)}};
+                              {"bit_equal", bit_equal}, {"weight_bytes", l.q.size() + l.scales.size() * sizeof(float)},
+                              {"kernel_weights_huge_bytes", ncnnport::kernel_weight_huge_bytes()}};
         if (a.rounds > 0) {
             const std::vector<float> evict(a.cold ? (256u << 20) / sizeof(float) : 0, 1.f);
             std::vector<double> t_ref, t_test;
