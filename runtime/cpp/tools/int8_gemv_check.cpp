@@ -29,7 +29,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "interleaved_timing.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
 
@@ -145,26 +145,6 @@ ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A) {
     return out;
 }
 
-// Reads `evict` whole (one float per cache line) so the next call's weights are not cached.
-volatile float g_sink = 0.f;
-void evict_caches(const std::vector<float>& evict) {
-    float s = 0.f;
-    for (size_t i = 0; i < evict.size(); i += 16) s += evict[i];
-    g_sink = s;
-}
-
-double ms_of(ncnn::Net& net, const ncnn::Mat& A, const std::vector<float>& evict) {
-    evict_caches(evict);
-    const auto t0 = std::chrono::steady_clock::now();
-    run(net, A);
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,17 +198,13 @@ int main(int argc, char** argv) {
                               {"bit_equal", bit_equal}, {"weight_bytes", l.q.size() + l.scales.size() * sizeof(float)},
                               {"kernel_weights_huge_bytes", ncnnport::kernel_weight_huge_bytes()}};
         if (a.rounds > 0) {
-            const std::vector<float> evict(a.cold ? (256u << 20) / sizeof(float) : 0, 1.f);
-            std::vector<double> t_ref, t_test;
-            for (int r = 0; r < a.rounds; ++r) {  // interleaved, the order swapped every round
-                if (r % 2) { t_test.push_back(ms_of(test, A, evict)); t_ref.push_back(ms_of(reference, A, evict)); }
-                else { t_ref.push_back(ms_of(reference, A, evict)); t_test.push_back(ms_of(test, A, evict)); }
-            }
+            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A); }, [&] { run(test, A); },
+                                                                a.rounds, a.cold);
             out["cold"] = a.cold;
-            out["ncnn_ms"] = median(t_ref);
-            out["kernel_ms"] = median(t_test);
-            out["kernel_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (median(t_test) * 1e6);
-            out["ncnn_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (median(t_ref) * 1e6);
+            out["ncnn_ms"] = m.reference_ms;
+            out["kernel_ms"] = m.test_ms;
+            out["kernel_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (m.test_ms * 1e6);
+            out["ncnn_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (m.reference_ms * 1e6);
         }
         std::cout << out.dump() << "\n";
         return 0;

@@ -26,7 +26,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -34,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "interleaved_timing.h"
 #include "ncnnport/matmul_layer.h"
 
 namespace {
@@ -102,26 +102,6 @@ ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
     return out;
 }
 
-// Reads `evict` whole (one float per cache line) so the next call's operands are not cached.
-volatile float g_sink = 0.f;
-void evict_caches(const std::vector<float>& evict) {
-    float s = 0.f;
-    for (size_t i = 0; i < evict.size(); i += 16) s += evict[i];
-    g_sink = s;
-}
-
-double ms_of(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B, const std::vector<float>& evict) {
-    evict_caches(evict);
-    const auto t0 = std::chrono::steady_clock::now();
-    run(net, A, B);
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,15 +144,11 @@ int main(int argc, char** argv) {
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
                               {"bit_equal", bit_equal}};
         if (a.rounds > 0) {
-            const std::vector<float> evict(a.cold ? (256u << 20) / sizeof(float) : 0, 1.f);
-            std::vector<double> t_ref, t_test;
-            for (int r = 0; r < a.rounds; ++r) {  // interleaved, the order swapped every round
-                if (r % 2) { t_test.push_back(ms_of(test, A, B, evict)); t_ref.push_back(ms_of(reference, A, B, evict)); }
-                else { t_ref.push_back(ms_of(reference, A, B, evict)); t_test.push_back(ms_of(test, A, B, evict)); }
-            }
+            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A, B); }, [&] { run(test, A, B); },
+                                                                a.rounds, a.cold);
             out["cold"] = a.cold;
-            out["ncnn_ms"] = median(t_ref);
-            out["kernel_ms"] = median(t_test);
+            out["ncnn_ms"] = m.reference_ms;
+            out["kernel_ms"] = m.test_ms;
         }
         std::cout << out.dump() << "\n";
         return 0;
