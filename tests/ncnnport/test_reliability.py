@@ -156,7 +156,11 @@ def test_a_killed_convert_kills_pnnx_and_removes_its_work_folder(tmp_path, sig):
         r.convert_module(json.loads({json.dumps(json.dumps(spec))}), Path({str(tmp_path / 't.pt')!r}),
                          Path({str(tmp_path / 'out')!r}))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TMPDIR": str(tmpdir)})
+    # SIGINT at its default disposition in the child whatever the test runner inherited: a job
+    # started in the background by a non-interactive shell has SIGINT ignored, which Python keeps
+    # (it then installs no KeyboardInterrupt handler), and the interrupt this test sends would be lost
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TMPDIR": str(tmpdir)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pid_file = tmp_path / "child.pid"
     for _ in range(300):
         if pid_file.is_file() and pid_file.read_text():
