@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cpp.layer_check import run_layer_check
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
 CHECK = BUILD / "ncnnport-gemv-check"
@@ -34,13 +36,7 @@ def check(built_cpp) -> Path:
 
 
 def run_check(check: Path, n: int, k: int, *extra: str) -> dict:
-    res = subprocess.run([str(check), "--n", str(n), "--k", str(k), *extra], capture_output=True, text=True,
-                         timeout=300, check=False)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
-    if not out["registered"]:
-        pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
-    return out
+    return run_layer_check([str(check), "--n", str(n), "--k", str(k), *extra], "AVX2 / FMA / F16C")
 
 
 def assert_within_bound(out: dict, what: str) -> None:

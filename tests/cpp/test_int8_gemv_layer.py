@@ -12,13 +12,13 @@ with the token ids unchanged. Slow: they need `make cpp` (and the executable a t
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.cpp.layer_check import run_layer_check
 from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,13 +38,7 @@ def check(built_cpp) -> Path:
 
 
 def run_check(check: Path, n: int, k: int, *extra: str) -> dict:
-    argv = [str(check), "--n", str(n), "--k", str(k), *extra]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
-    if not out["registered"]:
-        pytest.skip("this CPU lacks AVX-512 VNNI: the overwrite is not registered")
-    return out
+    return run_layer_check([str(check), "--n", str(n), "--k", str(k), *extra], "AVX-512 VNNI")
 
 
 @pytest.mark.slow

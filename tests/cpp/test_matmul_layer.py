@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpp.layer_check import run_layer_check
 from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,13 +38,8 @@ def check(built_cpp) -> Path:
 
 
 def run_check(check: Path, heads: int, m: int, k: int, n: int, *extra: str) -> dict:
-    argv = [str(check), "--heads", str(heads), "--m", str(m), "--k", str(k), "--n", str(n), *extra]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
-    if not out["registered"]:
-        pytest.skip("this CPU lacks AVX2 / FMA: the overwrite is not registered")
-    return out
+    return run_layer_check([str(check), "--heads", str(heads), "--m", str(m), "--k", str(k), "--n", str(n), *extra],
+                           "AVX2 / FMA")
 
 
 @pytest.mark.slow

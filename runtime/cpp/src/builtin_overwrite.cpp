@@ -30,4 +30,13 @@ bool register_overwrite_quietly(ncnn::Net& net, const char* type, ncnn::layer_cr
     return ret == 0;
 }
 
+void adopt_builtin_flags(ncnn::Layer& overwrite, const ncnn::Layer& builtin) {
+    overwrite.support_packing = builtin.support_packing;
+    overwrite.support_bf16_storage = builtin.support_bf16_storage;
+    overwrite.support_fp16_storage = builtin.support_fp16_storage;
+    overwrite.support_int8_storage = builtin.support_int8_storage;
+    overwrite.support_any_packing = builtin.support_any_packing;
+    overwrite.support_batch = builtin.support_batch;
+}
+
 }  // namespace ncnnport

@@ -209,12 +209,7 @@ public:
         if (ret != 0) return ret;
         activation_params_ = pd.get(10, ncnn::Mat());
         if (pd.type(10) == 5 && !activation_params_.empty()) activation_params_ = int_params_as_float(activation_params_);
-        support_packing = builtin_->support_packing;
-        support_bf16_storage = builtin_->support_bf16_storage;
-        support_fp16_storage = builtin_->support_fp16_storage;
-        support_int8_storage = builtin_->support_int8_storage;
-        support_any_packing = builtin_->support_any_packing;
-        support_batch = builtin_->support_batch;
+        adopt_builtin_flags(*this, *builtin_);
         return 0;
     }
 
@@ -359,8 +354,6 @@ private:
     mutable bool builtin_ready_ = false;
 };
 
-ncnn::Layer* create_gemv_layer(void*) { return new GemvInnerProduct; }
-void destroy_gemv_layer(ncnn::Layer* layer, void*) { delete layer; }
 #endif  // NCNNPORT_GEMV_X86
 
 }  // namespace
@@ -384,7 +377,7 @@ bool gemv_builtin_avx512() {
 bool register_gemv_layer(ncnn::Net& net) {
 #if NCNNPORT_GEMV_X86
     if (!gemv_layer_supported()) return false;
-    return register_overwrite_quietly(net, "InnerProduct", create_gemv_layer, destroy_gemv_layer);
+    return register_overwrite_of<GemvInnerProduct>(net, "InnerProduct");
 #else
     (void)net;
     return false;

@@ -207,11 +207,7 @@ public:
         const int ret = builtin_->load_param(pd);
         if (ret != 0) return ret;
         one_blob_only = builtin_->one_blob_only;
-        support_packing = builtin_->support_packing;
-        support_bf16_storage = builtin_->support_bf16_storage;
-        support_fp16_storage = builtin_->support_fp16_storage;
-        support_int8_storage = builtin_->support_int8_storage;
-        support_any_packing = builtin_->support_any_packing;
+        adopt_builtin_flags(*this, *builtin_);
         return 0;
     }
 
@@ -342,8 +338,6 @@ private:
     mutable bool builtin_ready_ = false;
 };
 
-ncnn::Layer* create_int8_gemv_layer(void*) { return new Int8GemvGemm; }
-void destroy_int8_gemv_layer(ncnn::Layer* layer, void*) { delete layer; }
 #endif  // NCNNPORT_INT8_X86
 
 }  // namespace
@@ -360,7 +354,7 @@ bool int8_gemv_layer_supported() {
 bool register_int8_gemv_layer(ncnn::Net& net) {
 #if NCNNPORT_INT8_X86
     if (!int8_gemv_layer_supported()) return false;
-    return register_overwrite_quietly(net, "Gemm", create_int8_gemv_layer, destroy_int8_gemv_layer);
+    return register_overwrite_of<Int8GemvGemm>(net, "Gemm");
 #else
     (void)net;
     return false;

@@ -120,11 +120,7 @@ public:
         if (!builtin_) return -1;
         const int ret = builtin_->load_param(pd);
         if (ret != 0) return ret;
-        support_packing = builtin_->support_packing;
-        support_bf16_storage = builtin_->support_bf16_storage;
-        support_fp16_storage = builtin_->support_fp16_storage;
-        support_int8_storage = builtin_->support_int8_storage;
-        support_any_packing = builtin_->support_any_packing;
+        adopt_builtin_flags(*this, *builtin_);
         return 0;
     }
 
@@ -171,8 +167,6 @@ private:
     std::unique_ptr<ncnn::Layer> builtin_;
 };
 
-ncnn::Layer* create_matmul_layer(void*) { return new DecodeMatMul; }
-void destroy_matmul_layer(ncnn::Layer* layer, void*) { delete layer; }
 #endif  // NCNNPORT_MATMUL_X86
 
 }  // namespace
@@ -188,7 +182,7 @@ bool matmul_layer_supported() {
 bool register_matmul_layer(ncnn::Net& net) {
 #if NCNNPORT_MATMUL_X86
     if (!matmul_layer_supported()) return false;
-    return register_overwrite_quietly(net, "MatMul", create_matmul_layer, destroy_matmul_layer);
+    return register_overwrite_of<DecodeMatMul>(net, "MatMul");
 #else
     (void)net;
     return false;

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "interleaved_timing.h"
+#include "ncnnport/ncnn_graph.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
 
@@ -123,12 +124,7 @@ Layer make_layer(const Args& a, std::mt19937& rng) {
 
 // A one-layer net: input a -> Gemm (transB, constant B and C, quantize_term 80y) -> out.
 void open_net(ncnn::Net& net, const Args& a, const Layer& l, bool overwrite) {
-    net.opt.num_threads = a.threads;
-    net.opt.use_vulkan_compute = false;
-    net.opt.use_fp16_storage = false;
-    net.opt.use_fp16_packed = false;
-    net.opt.use_fp16_arithmetic = false;
-    net.opt.use_bf16_storage = false;
+    net.opt = ncnnport::fp32_options(a.threads, false);  // what every C++ graph runs with
     if (overwrite) ncnnport::register_int8_gemv_layer(net);  // false where the CPU lacks AVX-512 VNNI: "registered" says so
     const std::string param = "7767517\n2 2\nInput a 0 1 a\nGemm gemm 1 1 a out 0=1.0 1=1.0 2=0 3=1 4=0 5=1 6=1 7=0 8="
                               + std::to_string(a.n) + " 9=" + std::to_string(a.k) + " 10=" + (a.bias ? "4" : "-1")

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "interleaved_timing.h"
+#include "ncnnport/ncnn_graph.h"
 #include "ncnnport/matmul_layer.h"
 
 namespace {
@@ -80,12 +81,7 @@ ncnn::Mat random_mat(int w, int h, int c, std::mt19937& rng) {
 
 // A one-layer net: inputs a, b -> MatMul (0=transB) -> out.
 void open_net(ncnn::Net& net, const Args& a, bool overwrite) {
-    net.opt.num_threads = a.threads;
-    net.opt.use_vulkan_compute = false;
-    net.opt.use_fp16_storage = false;
-    net.opt.use_fp16_packed = false;
-    net.opt.use_fp16_arithmetic = false;
-    net.opt.use_bf16_storage = false;
+    net.opt = ncnnport::fp32_options(a.threads, false);  // what every C++ graph runs with
     if (overwrite) ncnnport::register_matmul_layer(net);  // false where the CPU lacks AVX2 / FMA: "registered" says so
     const std::string param = "7767517\n3 3\nInput a 0 1 a\nInput b 0 1 b\nMatMul mm 2 1 a b out 0=" + std::to_string(a.trans_b) + "\n";
     if (net.load_param_mem(param.c_str()) != 0) throw std::runtime_error("load_param_mem failed");
