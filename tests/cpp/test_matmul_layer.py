@@ -27,9 +27,11 @@ CHECK = BUILD / "ncnnport-matmul-check"
 MAX_ROWS = 8  # kMatmulMaxRows (matmul_layer.h)
 
 # (heads, M, K, N): Qwen3-ASR's decode (8 KV heads, 2 query heads each, d = 128) at a short and
-# a long context; K off every multiple of 8 the kernels step by; N off the 4 rows scored at once
-# and under one group; one query row and the most rows the kernel takes; 1 x 1 x 1.
-SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, MAX_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4)]
+# a long context; query rows in every split the scores take (passes of 4, then 3, 2 or 1 rows:
+# M = 1-8); K through each of the kernels' steps (16-blocks, one 8-block, a scalar rest: 13, 20,
+# 24, 40); the most rows the kernel takes; 1 x 1 x 1.
+SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, MAX_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4),
+          (2, 6, 24, 9), (2, 7, 40, 5), (1, 4, 128, 33)]
 
 
 @pytest.fixture(scope="module")
