@@ -220,7 +220,7 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
     assert got["timing"]["precision"] == precision
     # read back from the nets the run opened (not the table): the flags reached every graph
     assert got["timing"]["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
-    if got["timing"]["gemv"] == "ncnnport-avx2":  # the overwrite ran (it reads fp16 weights under fp16 storage)
+    if got["timing"]["gemv"].startswith("ncnnport-"):  # the overwrite ran (it reads fp16 weights under fp16 storage)
         assert got["timing"]["gemv_calls"] > 0
     options = get(precision).options(RuntimeOptions(num_threads=1))
     asr = packaged.open_packaged(pkg, read_json(pkg / "model.json"), LazyModules(pkg, options=options))

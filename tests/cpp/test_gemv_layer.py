@@ -25,9 +25,11 @@ BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
 CHECK = BUILD / "ncnnport-gemv-check"
 
 # (N, K): N and K off every multiple of 4 / 8 / 16 / 64 ncnn or the kernel packs by, exact
-# multiples, fewer outputs than one block of 16 and than one group of 4 blocks, and a wide layer
+# multiples, fewer outputs than one block of 64, a last block of 8 and of 2, and a wide layer
 SHAPES = [(1, 1), (5, 3), (37, 63), (36, 70), (64, 64), (72, 129), (130, 333), (1000, 1001), (2048, 1024)]
 WEIGHTS = {"fp32": [], "fp16-storage": ["--fp16-storage"], "fp16-bin": ["--fp16-bin"]}
+# the kernel's copies: the default (16 lanes where the CPU has AVX-512F) and the 8-lane AVX2 one
+ISAS = {"default": [], "avx2": ["--avx2"]}
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +48,41 @@ def assert_within_bound(out: dict, what: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("isa", sorted(ISAS))
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("weights", sorted(WEIGHTS))
-def test_one_row_kernel_matches_the_builtin_then_delegates(check, weights, threads):
+def test_one_row_kernel_matches_the_builtin_then_delegates(check, weights, threads, isa):
     """One row through the kernel, then several rows and one row again through the built-in it
     creates from the kernel's weights (the kernel's copy is then released): every call within the
     bound, the built-in calls bit-exact with the reference net."""
     for n, k in SHAPES:
         for bias in ([], ["--bias"]):
-            what = f"N={n} K={k} {weights} threads={threads} {bias}"
+            what = f"N={n} K={k} {weights} threads={threads} {bias} {isa}"
             out = run_check(check, n, k, "--rows", "1,5,1", "--threads", str(threads), "--seed", str(n + k),
-                            *bias, *WEIGHTS[weights])
+                            *bias, *WEIGHTS[weights], *ISAS[isa])
             assert_within_bound(out, what)
             assert [c["gemv_calls"] for c in out["calls"]] == [1, 0, 0], what
             assert [c["max_abs_diff"] for c in out["calls"][1:]] == [0.0, 0.0], what
+
+
+def kernel_label() -> str:
+    """The label of the kernel's copy this CPU runs by default (gemv_layer_label)."""
+    return "ncnnport-avx512" if "avx512f" in cpu_flags() else "ncnnport-avx2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", sorted(WEIGHTS))
+def test_both_register_widths_give_the_same_bits(check, weights):
+    """The 16-lane and the 8-lane copies compute each output in the same order (bias, then one
+    fused multiply-add per k), so they give the same bits (the hash of the outputs), and so the
+    same differences from the reference; each names the copy that ran."""
+    for n, k in SHAPES:
+        runs = {isa: run_check(check, n, k, "--bias", "--seed", str(n * k), *WEIGHTS[weights], *extra)
+                for isa, extra in ISAS.items()}
+        assert runs["default"]["isa"] == kernel_label() and runs["avx2"]["isa"] == "ncnnport-avx2"
+        first = {isa: {key: out["calls"][0][key] for key in ("out_fnv1a", "max_abs_diff", "identical", "gemv_calls")}
+                 for isa, out in runs.items()}
+        assert first["default"] == first["avx2"], (n, k, weights, first)
 
 
 @pytest.mark.slow
@@ -115,12 +138,13 @@ def cpu_flags() -> set[str]:
 
 
 def assert_auto_rule(auto: dict) -> None:
-    """The default (Auto) leaves one-row products to ncnn exactly where ncnn runs its AVX-512
-    copy, which the default build (--isa avx512) has on every CPU with AVX-512F."""
+    """The default (Auto) runs the kernel on every CPU that runs it, in 16 lanes where the CPU has
+    AVX-512F; the JSON still says whether ncnn's own copy (--ncnn-gemv) would be its AVX-512 one,
+    which the default build (--isa avx512) has on every CPU with AVX-512F."""
     timing = auto["timing"]
     assert timing["gemv_ncnn_avx512"] == ("avx512f" in cpu_flags())
-    assert timing["gemv"] == ("ncnn" if timing["gemv_ncnn_avx512"] else "ncnnport-avx2")
-    assert (timing["gemv_calls"] > 0) == (timing["gemv"] == "ncnnport-avx2")
+    assert timing["gemv"] == kernel_label()
+    assert timing["gemv_calls"] > 0
 
 
 @pytest.mark.slow
@@ -136,7 +160,7 @@ def test_qwen3_asr_json_names_the_kernel_and_ids_do_not_change(built_cpp, packag
     assert [c["token_ids"] for c in auto["chunks"]] == [c["token_ids"] for c in builtin["chunks"]]
     if ours["timing"]["gemv"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
-    assert ours["timing"]["gemv"] == "ncnnport-avx2" and builtin["timing"]["gemv"] == "ncnn"
+    assert ours["timing"]["gemv"] == kernel_label() and builtin["timing"]["gemv"] == "ncnn"
     # every decode step runs the layers' and the head's InnerProducts on one row
     assert ours["timing"]["gemv_calls"] >= ours["timing"]["decode_steps"] > 0
     assert builtin["timing"]["gemv_calls"] == 0
@@ -155,6 +179,6 @@ def test_youtu_vl_json_names_the_layer_and_ids_do_not_change(built_cpp, package,
     builtin = run_exe([*base, "--json-out", str(tmp_path / "builtin.json"), "--ncnn-gemv"])
     if ours["timing"]["gemv"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA / F16C: the overwrite is not registered")
-    assert ours["timing"]["gemv"] == "ncnnport-avx2"
+    assert ours["timing"]["gemv"] == kernel_label()
     assert builtin["timing"]["gemv"] == "ncnn" and builtin["timing"]["gemv_calls"] == 0
     assert np.array_equal(ours["chunks"][0]["token_ids"], builtin["chunks"][0]["token_ids"])

@@ -32,14 +32,19 @@ std::atomic<uint64_t> g_gemv_calls{0};
 #if NCNNPORT_GEMV_X86
 #define GEMV_TARGET __attribute__((target("avx2,fma,f16c")))
 
-constexpr int kBlock = 16;  // outputs per weight stream: two 8-lane accumulators
-constexpr int kStreams = 4; // blocks read at once: 4 concurrent streams, 8 accumulators
+constexpr int kBlock = 64;  // outputs per block: eight 8-lane accumulators
+constexpr int kLanes = 8;
+constexpr int kAccumulators = kBlock / kLanes;
 
-// Weights of the kernel: block b holds outputs [16b, 16b + 16) as [K][16] (fp32 or fp16 bits),
-// the last block zero-padded, so one block is one long sequential stream.
+// Weights of the kernel: block b holds outputs [64b, 64b + 64) as [K][64] (fp32 or fp16 bits),
+// the last block zero-padded, and the blocks follow each other: the whole matrix is one
+// sequential stream. Why one stream of wide blocks: the first layout (blocks of 16 outputs, four
+// read side by side) read fp16 weights at ~22-23 GB/s on one EPYC thread where a plain read of
+// the same buffer reached 29-31; one stream of 64-output blocks read 27-29 (README
+// "One-row InnerProduct"). Eight accumulators per block keep eight independent FMA chains.
 struct Packed {
-    ncnn::Mat weights;  // w = K * 16 elements, h = number of blocks
-    ncnn::Mat bias;     // blocks * 16 floats, zero-padded (zeros when the layer has no bias)
+    ncnn::Mat weights;  // w = K * 64 elements, h = number of blocks
+    ncnn::Mat bias;     // blocks * 64 floats, zero-padded (zeros when the layer has no bias)
     bool fp16 = false;
     int num_input = 0, num_output = 0, blocks = 0;
 };
@@ -49,29 +54,53 @@ GEMV_TARGET inline __m256 load8(const unsigned short* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// S blocks of 16 outputs from S concurrent streams; each output sums bias, then w[k] * x[k] in
-// k order with one fused multiply-add per term (ncnn's own order within an output).
-template <int S, typename T>
-GEMV_TARGET void gemv_blocks(const T* w, size_t block_elems, const float* bias, const float* x, int K, float* out) {
-    __m256 acc[S][2];
-    const T* p[S];
-    for (int s = 0; s < S; ++s) {
-        acc[s][0] = _mm256_loadu_ps(bias + s * kBlock);
-        acc[s][1] = _mm256_loadu_ps(bias + s * kBlock + 8);
-        p[s] = w + s * block_elems;
-    }
+// One block of 64 outputs; each output sums bias, then w[k] * x[k] in k order with one fused
+// multiply-add per term (ncnn's own order within an output).
+template <typename T>
+GEMV_TARGET void gemv_block(const T* w, const float* bias, const float* x, int K, float* out) {
+    __m256 acc[kAccumulators];
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_loadu_ps(bias + i * kLanes);
     for (int k = 0; k < K; ++k) {
         const __m256 xk = _mm256_broadcast_ss(x + k);
-        for (int s = 0; s < S; ++s) {
-            acc[s][0] = _mm256_fmadd_ps(load8(p[s]), xk, acc[s][0]);
-            acc[s][1] = _mm256_fmadd_ps(load8(p[s] + 8), xk, acc[s][1]);
-            p[s] += kBlock;
-        }
+        for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_fmadd_ps(load8(w + i * kLanes), xk, acc[i]);
+        w += kBlock;
     }
-    for (int s = 0; s < S; ++s) {
-        _mm256_storeu_ps(out + s * kBlock, acc[s][0]);
-        _mm256_storeu_ps(out + s * kBlock + 8, acc[s][1]);
+    for (int i = 0; i < kAccumulators; ++i) _mm256_storeu_ps(out + i * kLanes, acc[i]);
+}
+
+#define GEMV_TARGET_512 __attribute__((target("avx512f,avx2,fma,f16c")))
+constexpr int kLanes512 = 16;
+
+GEMV_TARGET_512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+GEMV_TARGET_512 inline __m512 load16(const unsigned short* p) {
+    // the zero-masked form: the plain one's undefined pass-through trips GCC 12's
+    // -Wmaybe-uninitialized (all 16 lanes are written either way)
+    return _mm512_maskz_cvtph_ps(static_cast<__mmask16>(0xFFFF), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The same block and the same arithmetic per output (so the same bits) in 16-lane registers:
+// one 64-byte load per cache line of fp32 weights instead of two, so the out-of-order window
+// holds twice the cache lines in flight (on the device's Xeon the 8-lane copy read its weights
+// slower than ncnn's AVX-512 InnerProduct).
+template <typename T>
+GEMV_TARGET_512 void gemv_block_avx512(const T* w, const float* bias, const float* x, int K, float* out) {
+    constexpr int n = kBlock / kLanes512;
+    __m512 acc[n];
+    for (int i = 0; i < n; ++i) acc[i] = _mm512_loadu_ps(bias + i * kLanes512);
+    for (int k = 0; k < K; ++k) {
+        const __m512 xk = _mm512_set1_ps(x[k]);
+        for (int i = 0; i < n; ++i) acc[i] = _mm512_fmadd_ps(load16(w + i * kLanes512), xk, acc[i]);
+        w += kBlock;
     }
+    for (int i = 0; i < n; ++i) _mm512_storeu_ps(out + i * kLanes512, acc[i]);
+}
+
+std::atomic<bool> g_avx2_only{false};  // gemv_layer_limit_to_avx2
+
+// Whether the blocks run in 16-lane registers: the CPU has AVX-512F and no limit was set.
+bool gemv_avx512() {
+    static const bool cpu = __builtin_cpu_supports("avx512f");
+    return cpu && !g_avx2_only.load(std::memory_order_relaxed);
 }
 
 // ncnn's activation_ss for the types the kernel applies itself (exact comparisons, no math
@@ -86,30 +115,24 @@ float activate(float v, int type, const ncnn::Mat& params) {
     return v;
 }
 
-// Work item `item` of the layer: the first blocks/4 items are groups of 4 blocks, the rest one
-// block each; writes its valid outputs of y.
+// Block `b` of the layer: writes its valid outputs of y.
 template <typename T>
-GEMV_TARGET void run_item(const Packed& pk, int item, const float* x, float* y, int act, const ncnn::Mat& act_params) {
-    const int groups = pk.blocks / kStreams;
-    const int first = item < groups ? item * kStreams : groups * kStreams + (item - groups);
-    const int count = item < groups ? kStreams : 1;
-    const size_t block_elems = static_cast<size_t>(pk.num_input) * kBlock;
-    const T* w = static_cast<const T*>(pk.weights.data) + first * block_elems;
-    const float* bias = static_cast<const float*>(pk.bias.data) + first * kBlock;
-    alignas(32) float out[kStreams * kBlock];
-    if (count == kStreams) gemv_blocks<kStreams>(w, block_elems, bias, x, pk.num_input, out);
-    else gemv_blocks<1>(w, block_elems, bias, x, pk.num_input, out);
-    const int o0 = first * kBlock;
-    const int n = std::min(count * kBlock, pk.num_output - o0);
+void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params) {
+    const T* w = static_cast<const T*>(pk.weights.data) + static_cast<size_t>(b) * pk.num_input * kBlock;
+    const float* bias = static_cast<const float*>(pk.bias.data) + b * kBlock;
+    alignas(64) float out[kBlock];
+    if (gemv_avx512()) gemv_block_avx512(w, bias, x, pk.num_input, out);
+    else gemv_block(w, bias, x, pk.num_input, out);
+    const int o0 = b * kBlock;
+    const int n = std::min(kBlock, pk.num_output - o0);
     for (int i = 0; i < n; ++i) y[o0 + i] = activate(out[i], act, act_params);
 }
 
-// y = W x + b over every work item, OpenMP over items (ncnn's thread count).
+// y = W x + b over every block, OpenMP over blocks (ncnn's thread count).
 template <typename T>
 void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
-    const int items = pk.blocks / kStreams + pk.blocks % kStreams;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int i = 0; i < items; ++i) run_item<T>(pk, i, x, y, act, act_params);
+    for (int b = 0; b < pk.blocks; ++b) run_block<T>(pk, b, x, y, act, act_params);
 }
 
 // fp16 bits of weight (o, k) exactly as ncnn's AVX2 InnerProduct stores them (innerproduct_fp.h,
@@ -145,8 +168,8 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& weights, const ncnn::Mat& 
     if (pk->weights.empty() || pk->bias.empty()) return nullptr;
     pk->bias.fill(0.f);
     if (!bias.empty()) std::memcpy(pk->bias.data, bias.data, sizeof(float) * num_output);
-    // row by row: sequential reads of the [N][K] source, writes 16 elements apart (one block's
-    // K * 16 elements stay in L2 while its 16 rows are written)
+    // row by row: sequential reads of the [N][K] source, writes 64 elements apart (one block's
+    // K * 64 elements stay in L2 while its 64 rows are written)
     const float* src = weights;
     for (int o = 0; o < num_output; ++o) {
         const float* row = src + static_cast<size_t>(o) * num_input;
@@ -385,5 +408,21 @@ bool register_gemv_layer(ncnn::Net& net) {
 }
 
 uint64_t gemv_layer_calls() { return g_gemv_calls.load(std::memory_order_relaxed); }
+
+void gemv_layer_limit_to_avx2(bool limit) {
+#if NCNNPORT_GEMV_X86
+    g_avx2_only.store(limit, std::memory_order_relaxed);
+#else
+    (void)limit;
+#endif
+}
+
+const char* gemv_layer_label(bool registered) {
+    if (!registered) return "ncnn";
+#if NCNNPORT_GEMV_X86
+    if (gemv_avx512()) return "ncnnport-avx512";
+#endif
+    return "ncnnport-avx2";
+}
 
 }  // namespace ncnnport

@@ -167,8 +167,7 @@ nlohmann::json precision_record(const std::string& precision) {
 }
 
 bool gemv_active(const GraphOptions& options) {
-    if (options.vulkan || options.gemv == GemvChoice::Ncnn || !gemv_layer_supported()) return false;
-    return options.gemv == GemvChoice::Kernel || !gemv_builtin_avx512();
+    return !options.vulkan && options.gemv != GemvChoice::Ncnn && gemv_layer_supported();
 }
 
 bool matmul_active(const GraphOptions& options) {

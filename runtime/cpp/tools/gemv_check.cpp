@@ -2,7 +2,7 @@
 // InnerProduct on one random layer, over a sequence of calls on the same two nets.
 //
 //   ncnnport-gemv-check --n N --k K [--rows 1,5,1] [--bias] [--threads T] [--fp16-storage]
-//                       [--fp16-bin] [--act 0..3] [--dims1] [--seed S]
+//                       [--fp16-bin] [--act 0..3] [--dims1] [--seed S] [--avx2]
 //
 // Why: the overwrite must compute what the built-in computes, up to fp32 summation order, on
 // every path it takes (its own kernel for one row, the built-in it delegates to for several rows,
@@ -11,13 +11,16 @@
 // from seeded random values); the test net registers the overwrite, the reference does not.
 //
 // Prints one JSON object: per call the rows, the overwrite's one-row products during it
-// ("gemv_calls"), max |diff| and the largest diff / bound ratio, where per output
+// ("gemv_calls"), a hash of the overwrite's output bits ("out_fnv1a"), max |diff| and the largest
+// diff / bound ratio, where per output
 //   bound = 2 * gamma(K + 1) * (|b| + sum_k |w_k x_k|),  gamma(n) = n u / (1 - n u), u = 2^-24:
 // each result is within gamma(K + 1) * S of the exact sum of the same products whatever the order
 // (bias first, K fused or separate multiply-adds), so two orders differ by at most twice that.
 // Under fp16 storage both must hold the same fp16 weights (the overwrite mirrors ncnn's
 // conversion), and |fp16(w)| <= |w| (1 + 2^-11) widens S by that factor. relu / clip do not widen
 // a difference; leakyrelu scales it by at most max(1, |slope|).
+// --avx2 limits the kernel to its 8-lane copy on an AVX-512 CPU (gemv_layer_limit_to_avx2); "isa"
+// in the JSON is the copy that ran (gemv_layer_label).
 // Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include <layer.h>
 #include <mat.h>
@@ -42,7 +45,7 @@ namespace {
 struct Args {
     int n = 0, k = 0, threads = 1, act = 0;
     std::vector<int> rows{1};
-    bool bias = false, fp16_storage = false, fp16_bin = false, dims1 = false;
+    bool bias = false, fp16_storage = false, fp16_bin = false, dims1 = false, avx2 = false;
     unsigned seed = 0;
 };
 
@@ -71,6 +74,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--fp16-storage") a.fp16_storage = true;
         else if (f == "--fp16-bin") a.fp16_bin = true;
         else if (f == "--dims1") a.dims1 = true;
+        else if (f == "--avx2") a.avx2 = true;
         else throw std::invalid_argument("unknown option " + f);
     }
     if (a.n < 1 || a.k < 1 || a.rows.empty() || a.threads < 1 || a.act < 0 || a.act > 3)
@@ -149,6 +153,16 @@ double gamma(int n) {
     return n * u / (1.0 - n * u);
 }
 
+// FNV-1a over the bytes of n floats, as hex: lets a test see that two runs gave the same bits.
+std::string fnv1a_hex(const float* p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    const auto* c = reinterpret_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ c[i]) * 1099511628211ull;
+    std::ostringstream s;
+    s << std::hex << h;
+    return s.str();
+}
+
 // Per-call comparison of the two nets' outputs against the derived bound.
 nlohmann::json compare(const Args& a, const std::vector<float>& w, const std::vector<float>& b, const ncnn::Mat& x,
                        int rows, const ncnn::Mat& ref, const ncnn::Mat& got) {
@@ -173,7 +187,8 @@ nlohmann::json compare(const Args& a, const std::vector<float>& w, const std::ve
         }
     }
     return {{"rows", rows}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
-            {"identical", identical}, {"outputs", static_cast<size_t>(rows) * a.n}};
+            {"identical", identical}, {"outputs", static_cast<size_t>(rows) * a.n},
+            {"out_fnv1a", fnv1a_hex(g, static_cast<size_t>(rows) * a.n)}};
 }
 
 int run_check(const Args& a) {
@@ -186,6 +201,7 @@ int run_check(const Args& a) {
     const std::vector<unsigned char> bin = model_bytes(a, w, b);
     ncnn::Net ref, test;
     load(ref, a, param, bin);
+    ncnnport::gemv_layer_limit_to_avx2(a.avx2);
     const bool registered = ncnnport::register_gemv_layer(test);
     load(test, a, param, bin);
     const std::vector<float> wl = loaded_weights(a, w);
@@ -203,7 +219,7 @@ int run_check(const Args& a) {
         c["ref_dims"] = r.dims;
         calls.push_back(c);
     }
-    std::cout << nlohmann::json{{"registered", registered}, {"calls", calls}}.dump() << "\n";
+    std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)}, {"calls", calls}}.dump() << "\n";
     return 0;
 }
 

@@ -6,10 +6,11 @@
 
 namespace ncnnport {
 
-// Auto = ncnnport's multi-stream kernel (gemv_layer.h) where the CPU runs it and ncnn has no
-// AVX-512 copy to run (gemv_builtin_avx512: there ncnn's own was faster), Kernel = the kernel
-// wherever the CPU runs it (--gemv-kernel), Ncnn = ncnn's built-in (--ncnn-gemv). The executables
-// take both flags, for comparisons; their JSON says which ran (gemv_json).
+// Auto (the default) and Kernel (--gemv-kernel) = ncnnport's one-row kernel (gemv_layer.h)
+// wherever the CPU runs it; Ncnn = ncnn's built-in (--ncnn-gemv). Auto once kept ncnn's AVX-512
+// copy on AVX-512 CPUs, where the kernel's first layout lost; the one-stream layout beat it on both
+// machines measured, so the two now agree, and --gemv-kernel stays accepted. The executables take
+// both flags, for comparisons; their JSON says which ran (gemv_json).
 enum class GemvChoice { Auto, Kernel, Ncnn };
 
 // "--gemv-kernel" / "--ncnn-gemv" set `choice` and return true; any other flag returns false.

@@ -1,13 +1,19 @@
 // A stand-in for ncnn's built-in InnerProduct that computes the one-row (matrix-vector) case with
-// a multi-stream AVX2 kernel and hands every other case to the built-in layer.
+// its own kernel and hands every other case to the built-in layer.
 //
 // Why: a decoded token runs every InnerProduct on one row, and that is bound by the bytes of
-// weights read. ncnn 1.0.20261020's x86 kernel reads one interleaved weight stream of 8 outputs
-// (~14-16 GB/s on one thread here); reading 4 blocks of 16 outputs at once reaches ~21-23 GB/s.
-// Prefill (several rows), int8, bf16 and any activation the kernel does not apply itself stay on
-// ncnn's own InnerProduct, created from the same parameters and weights, so their numbers do not
-// change. The overwrite is registered per Net (ncnn::Net::register_custom_layer with the built-in
-// type name) before load_param, only on CPU nets and only where the CPU has AVX2, FMA and F16C.
+// weights read. ncnnport keeps the weights as one sequential stream of 64-output blocks and reads
+// them with 16-lane registers where the CPU has AVX-512F (8-lane AVX2 otherwise); each output is
+// ncnn's own order (bias, then one fused multiply-add per k, k ascending), so both copies give the
+// same bits. Measured against ncnn 1.0.20261020's own InnerProduct (its AVX-512 copy) on
+// qwen3-asr real widths, 4 layers, 1 thread (runtime/cpp/README.md, "One-row InnerProduct"): faster
+// on an AMD EPYC (fp32 ~10 %, fp16 storage ~12 %) and on an Intel Xeon (fp32 8-30 %, fp16
+// storage level to 12 % with one run of four slower), so it is the default on every CPU that runs
+// it. Prefill (several rows), int8, bf16 and any activation the kernel does not apply itself stay
+// on ncnn's own InnerProduct, created from the same parameters and weights, so their numbers do
+// not change. The overwrite is registered per Net (ncnn::Net::register_custom_layer with the
+// built-in type name) before load_param, only on CPU nets and only where the CPU has AVX2, FMA and
+// F16C.
 #pragma once
 
 #include <net.h>  // ncnn
@@ -21,11 +27,10 @@ namespace ncnnport {
 bool gemv_layer_supported();
 
 // True where ncnn's own InnerProduct runs its AVX-512 copy: this ncnn was built with it
-// (build_ncnn.py --isa avx512, the default) and the CPU has AVX-512F. Measured (qwen3-asr real
-// widths, 4 layers, 1 thread, C++ decode ms/token): on an Intel Xeon (AVX-512, 14 GB/s) ncnn's
-// AVX-512 copy beat this kernel 1.3-1.45x (60-71 vs 73-95), while the kernel beat ncnn's AVX2 copy
-// 1.1-1.25x there and on an AMD EPYC (Zen 4), where ncnn's AVX-512 copy and this kernel were within
-// 0-15 % of each other. So the default (GemvChoice::Auto) leaves AVX-512 CPUs to ncnn.
+// (build_ncnn.py --isa avx512, the default) and the CPU has AVX-512F (reported: it is what
+// --ncnn-gemv runs). The first layout of this kernel (16-output blocks, four read side by side, 8
+// lanes) lost to that copy on the Xeon 1.3-1.45x, which is why the default once left AVX-512 CPUs
+// to ncnn.
 bool gemv_builtin_avx512();
 
 // Registers the overwrite of "InnerProduct" on `net`; call before net.load_param. Returns false,
@@ -36,7 +41,12 @@ bool register_gemv_layer(ncnn::Net& net);
 // run prove that the kernel ran, instead of a registration that silently delegated everything.
 uint64_t gemv_layer_calls();
 
-// The name a run reports for the InnerProduct that ran its one-row products.
-inline const char* gemv_layer_label(bool registered) { return registered ? "ncnnport-avx2" : "ncnn"; }
+// The name a run reports for the InnerProduct that ran its one-row products: "ncnn" when the
+// overwrite is not registered, else "ncnnport-avx512" or "ncnnport-avx2" (the registers it uses).
+const char* gemv_layer_label(bool registered);
+
+// Limits the kernel to its 8-lane AVX2 copy on an AVX-512 CPU (ncnnport-gemv-check --avx2, so
+// the tests run both copies on one machine); false lifts the limit.
+void gemv_layer_limit_to_avx2(bool limit);
 
 }  // namespace ncnnport

@@ -52,7 +52,7 @@ struct GraphOptions {
 };
 
 // True when graphs opened with `options` get the gemv overwrite: a CPU net, a CPU that runs the
-// kernel, and GemvChoice Kernel, or Auto without ncnn's AVX-512 copy at work.
+// kernel, and GemvChoice Auto or Kernel (Ncnn keeps ncnn's InnerProduct).
 bool gemv_active(const GraphOptions& options);
 // Registers the gemv overwrite on `net` (before load_param) when gemv_active(options), and the
 // MatMul overwrite when matmul_active(options) and the int8 Gemm overwrite when
@@ -64,9 +64,10 @@ bool matmul_active(const GraphOptions& options);
 // True when graphs opened with `options` get the int8 Gemm overwrite: a CPU net, a CPU that runs
 // the kernel (AVX-512 VNNI), and options.int8_kernel.
 bool int8_gemv_active(const GraphOptions& options);
-// What a run reports: "ncnnport-avx2" or "ncnn" (gemv_active), the one-row products the
-// overwrite computed so far ("gemv_calls": 0 with "ncnnport-avx2" means it never ran), and
-// whether ncnn's own InnerProduct runs its AVX-512 copy here ("gemv_ncnn_avx512", the Auto rule);
+// What a run reports: "ncnnport-avx512", "ncnnport-avx2" or "ncnn" (gemv_layer_label of
+// gemv_active), the one-row products the overwrite computed so far ("gemv_calls": 0 with a
+// ncnnport label means it never ran), and whether ncnn's own InnerProduct runs its AVX-512 copy
+// here ("gemv_ncnn_avx512": what --ncnn-gemv runs);
 // likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls", and "int8_gemv"
 // ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls", and the bytes of the
 // overwrites' own weight copies in the huge-page arena ("kernel_weights_huge_bytes",
