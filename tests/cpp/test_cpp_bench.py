@@ -77,10 +77,32 @@ def test_bound_columns_judge_the_cpp_token_against_85_percent():
     assert slow["cpp"]["pct_of_bound"] == pytest.approx(100 * 100 / 120.0) and not slow["bound"]["cpp_met"]
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row, slow], "threads": 1}))
     assert "2000 MB of fp32 weights per token" in lines and "= 100.00 ms per token" in lines
-    assert "| P=100 | 100% | 67% | - | met |" in lines and "| P=100 | 83% | 67% | - | not met |" in lines
+    assert "| P=100 | 100% | 67% | - | met | - |" in lines and "| P=100 | 83% | 67% | - | not met | - |" in lines
     unknown = cpp_bench.decode_row("P=100", runs, new_tokens=4)
     cpp_bench.add_bound(unknown, None, 20.0)
     assert "bound" not in unknown and cpp_bench.bound_lines({"rows": [unknown], "threads": 1}) == []
+
+
+def test_the_bound_with_the_kv_cache_is_reported_beside_the_weights_bound():
+    """With the cache bytes per position, each ncnn loop is also reported against weights + the
+    cache at the steps' mean length (prompt + new / 2); the verdict stays the weights' bound's."""
+    ids = [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", ids, 0.30, 0.29)] * 3, "python": [run("python", ids, 0.45)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    # 2000 MB of weights at 20 GB/s = 100 ms; 100 prompt + 4 / 2 = 102 positions of 4.9 MB = 499.8 MB
+    cpp_bench.add_bound(row, 2_000_000_000, 20.0, kv_bytes_per_position=4_900_000)
+    assert row["bound"]["mean_cache_length"] == pytest.approx(102.0)
+    assert row["bound"]["kv_bytes"] == 499_800_000
+    assert row["cpp"]["pct_of_bound"] == pytest.approx(100.0) and row["bound"]["cpp_met"]
+    assert row["cpp"]["pct_of_bound_with_kv"] == pytest.approx(100 * 124.99 / 100.0)
+    assert row["python"]["pct_of_bound_with_kv"] == pytest.approx(100 * 124.99 / 150.0)
+    lines = "\n".join(cpp_bench.bound_lines({"rows": [row], "threads": 1}))
+    assert "| P=100 | 100% | 67% | - | met | 499.8 (102) | 125% | 83% |" in lines
+    assert cpp_bench.KV_NOTE in lines
+    plain = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(plain, 2_000_000_000, 20.0)
+    assert "kv_bytes" not in plain["bound"] and "pct_of_bound_with_kv" not in plain["cpp"]
+    assert "| P=100 | 100% | 67% | - | met | - | - | - |" in "\n".join(cpp_bench.bound_lines({"rows": [plain], "threads": 1}))
 
 
 def test_the_bound_of_fp16_storage_counts_2_byte_inner_product_weights():
@@ -457,15 +479,16 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
 
     def bench_bytes(loaded, stage, size, precision="fp32"):
         asked.append((stage, size, precision))
-        return {"weights": 2_000_000_000 if precision == "fp32" else 1_000_000_000}
+        return {"weights": 2_000_000_000 if precision == "fp32" else 1_000_000_000, "kv_cache": 1000 * int(size)}
     monkeypatch.setattr(port, "bench_bytes", bench_bytes, raising=False)
     monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
                                  log=lambda _m: None, precision="fp16-storage")
     assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--precision", "fp16-storage"]] * 2
-    # the ncnn loops' bytes under the precision, and torch's fp32 bytes for its own bound
+    # the ncnn loops' bytes under the precision, torch's fp32 bytes for its own bound, and the
+    # cache bytes one position adds (lengths 2 and 1 differenced)
     assert port.contexts[0].precision == "fp16-storage"
-    assert asked == [("token", "1", "fp16-storage"), ("token", "1", "fp32")]
+    assert asked == [("token", "1", "fp16-storage"), ("token", "1", "fp32"), ("token", "1", "fp32"), ("token", "2", "fp32")]
     (row,) = report["rows"]
     assert row["bound"]["token_weight_bytes"] == 1_000_000_000 and row["bound"]["inner_product_weight_bytes"] == 2
     assert row["bound"]["fp32_weight_bytes"] == 2_000_000_000

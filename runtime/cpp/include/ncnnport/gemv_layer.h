@@ -6,12 +6,12 @@
 // them with 16-lane registers where the CPU has AVX-512F (8-lane AVX2 otherwise); each output is
 // ncnn's own order (bias, then one fused multiply-add per k, k ascending), so both copies give the
 // same bits. Measured against ncnn 1.0.20261020's own InnerProduct (its AVX-512 copy) on
-// qwen3-asr real widths, 4 layers, 1 thread (runtime/cpp/README.md, "One-row InnerProduct"): faster
-// on an AMD EPYC (fp32 ~10 %, fp16 storage ~12 %) and on an Intel Xeon (fp32 8-30 %, fp16
-// storage level to 12 % with one run of four slower), so it is the default on every CPU that runs
-// it. Prefill (several rows), int8, bf16 and any activation the kernel does not apply itself stay
-// on ncnn's own InnerProduct, created from the same parameters and weights, so their numbers do
-// not change. The overwrite is registered per Net (ncnn::Net::register_custom_layer with the
+// qwen3-asr real widths, 4 layers, 1 thread (runtime/cpp/README.md, "One-row InnerProduct"): on an
+// AMD EPYC the medians were 7-8 % faster (fp32, fp16 storage); on an Intel Xeon fp32 was 8-28 %
+// faster in 4 of 4 pairs, fp16 storage 2-12 % faster in 3 of 4 and 11 % slower in one. So it is
+// the default on every CPU that runs it. Prefill (several rows), int8, bf16 and any activation the
+// kernel does not apply itself stay on ncnn's own InnerProduct, created from the same parameters
+// and weights, so their numbers do not change. The overwrite is registered per Net (ncnn::Net::register_custom_layer with the
 // built-in type name) before load_param, only on CPU nets and only where the CPU has AVX2, FMA and
 // F16C.
 #pragma once
