@@ -86,6 +86,24 @@ def test_both_register_widths_give_the_same_bits(check, weights):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("weights", ["fp32", "fp16-storage"])
+def test_the_prefetch_choice_samples_large_layers_and_changes_no_bits(check, weights):
+    """gemv_prefetch.h: the first 2 x 8 one-row calls of a layer of >= 4 MiB of weights alternate
+    plain and prefetching reads, then the choice is made by the pairs prefetch won (on with 7 or
+    more); every call, sampled or not, gives the same bits for the same input; a small layer (in
+    cache) never samples."""
+    n = 2048 if weights == "fp32" else 4096  # x 1024 inputs = 8 MiB of weights either way
+    out = run_check(check, n, 1024, "--rows", ",".join(["1"] * 20), "--same-input", "--bias", *WEIGHTS[weights])
+    assert_within_bound(out, f"prefetch {weights}")
+    prefetch = out["prefetch"]
+    assert (prefetch["samples_on"], prefetch["samples_off"]) == (8, 8), prefetch
+    assert prefetch["state"] == ("on" if prefetch["pairs_won"] >= 7 else "off"), prefetch
+    assert len({c["out_fnv1a"] for c in out["calls"]}) == 1
+    small = run_check(check, 64, 64, "--rows", "1,1,1", *WEIGHTS[weights])
+    assert small["prefetch"] == {"state": "undecided", "samples_on": 0, "samples_off": 0, "pairs_won": 0}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("act", [0, 1, 2, 3])
 def test_one_dimensional_input_and_activations(check, act):
     """A 1-D input (ncnn's flatten path, elempack-8 output there) gives the same values and rank;
@@ -145,6 +163,10 @@ def assert_auto_rule(auto: dict) -> None:
     assert timing["gemv_ncnn_avx512"] == ("avx512f" in cpu_flags())
     assert timing["gemv"] == kernel_label()
     assert timing["gemv_calls"] > 0
+    # the prefetch choice of each weight width: sampled pairs, and a state that follows them
+    for width, p in timing["gemv_prefetch"].items():
+        decided = p["samples_on"] >= 8 and p["samples_off"] >= 8
+        assert p["state"] == ("undecided" if not decided else "on" if p["pairs_won"] >= 7 else "off"), (width, p)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 #include "ncnnport/gemv_layer.h"
 
 #include "ncnnport/builtin_overwrite.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
 
 #include <cpu.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -54,13 +56,23 @@ GEMV_TARGET inline __m256 load8(const unsigned short* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Prefetches the cache lines of one k step (kBlock weights) kGemvPrefetchBytes ahead in the
+// stream (gemv_prefetch.h: used where measured faster on this machine). Past the end of the
+// weights it names addresses no load follows; a prefetch never faults.
+template <typename T>
+inline void prefetch_step(const T* w) {
+    const char* p = reinterpret_cast<const char*>(w) + kGemvPrefetchBytes;
+    for (size_t line = 0; line < kBlock * sizeof(T); line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
 // One block of 64 outputs; each output sums bias, then w[k] * x[k] in k order with one fused
 // multiply-add per term (ncnn's own order within an output).
-template <typename T>
+template <bool Prefetch, typename T>
 GEMV_TARGET void gemv_block(const T* w, const float* bias, const float* x, int K, float* out) {
     __m256 acc[kAccumulators];
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_loadu_ps(bias + i * kLanes);
     for (int k = 0; k < K; ++k) {
+        if (Prefetch) prefetch_step(w);
         const __m256 xk = _mm256_broadcast_ss(x + k);
         for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_fmadd_ps(load8(w + i * kLanes), xk, acc[i]);
         w += kBlock;
@@ -82,12 +94,13 @@ GEMV_TARGET_512 inline __m512 load16(const unsigned short* p) {
 // one 64-byte load per cache line of fp32 weights instead of two, so the out-of-order window
 // holds twice the cache lines in flight (on the device's Xeon the 8-lane copy read its weights
 // slower than ncnn's AVX-512 InnerProduct).
-template <typename T>
+template <bool Prefetch, typename T>
 GEMV_TARGET_512 void gemv_block_avx512(const T* w, const float* bias, const float* x, int K, float* out) {
     constexpr int n = kBlock / kLanes512;
     __m512 acc[n];
     for (int i = 0; i < n; ++i) acc[i] = _mm512_loadu_ps(bias + i * kLanes512);
     for (int k = 0; k < K; ++k) {
+        if (Prefetch) prefetch_step(w);
         const __m512 xk = _mm512_set1_ps(x[k]);
         for (int i = 0; i < n; ++i) acc[i] = _mm512_fmadd_ps(load16(w + i * kLanes512), xk, acc[i]);
         w += kBlock;
@@ -116,24 +129,34 @@ float activate(float v, int type, const ncnn::Mat& params) {
 }
 
 // Block `b` of the layer: writes its valid outputs of y.
-template <typename T>
+template <bool Prefetch, typename T>
 void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params) {
     const T* w = static_cast<const T*>(pk.weights.data) + static_cast<size_t>(b) * pk.num_input * kBlock;
     const float* bias = static_cast<const float*>(pk.bias.data) + b * kBlock;
     alignas(64) float out[kBlock];
-    if (gemv_avx512()) gemv_block_avx512(w, bias, x, pk.num_input, out);
-    else gemv_block(w, bias, x, pk.num_input, out);
+    if (gemv_avx512()) gemv_block_avx512<Prefetch>(w, bias, x, pk.num_input, out);
+    else gemv_block<Prefetch>(w, bias, x, pk.num_input, out);
     const int o0 = b * kBlock;
     const int n = std::min(kBlock, pk.num_output - o0);
     for (int i = 0; i < n; ++i) y[o0 + i] = activate(out[i], act, act_params);
 }
 
 // y = W x + b over every block, OpenMP over blocks (ncnn's thread count).
-template <typename T>
-void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
+template <bool Prefetch, typename T>
+void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int b = 0; b < pk.blocks; ++b) run_block<T>(pk, b, x, y, act, act_params);
+    for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params);
 }
+
+template <typename T>
+void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads,
+              bool prefetch) {
+    if (prefetch) run_blocks<true, T>(pk, x, y, act, act_params, threads);
+    else run_blocks<false, T>(pk, x, y, act, act_params, threads);
+}
+
+// The bytes of weights one call streams.
+size_t weight_bytes(const Packed& pk) { return pk.weights.total() * pk.weights.elemsize; }
 
 // fp16 bits of weight (o, k) exactly as ncnn's AVX2 InnerProduct stores them (innerproduct_fp.h,
 // innerproduct_transform_kernel with NCNN_IMPL_FP16S), so the kernel reads the built-in's fp16
@@ -324,8 +347,14 @@ private:
         if (top.empty()) return -100;
         const float* x = bottom;
         float* y = top;
-        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads);
-        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads);
+        GemvPrefetchChoice& choice = gemv_prefetch_choice(pk.fp16);
+        const size_t bytes = weight_bytes(pk);
+        const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
+        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
+        if (pick.sample)
+            choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

@@ -5,6 +5,7 @@
 #include <gpu.h>  // ncnn (get_gpu_count under NCNN_VULKAN)
 
 #include "ncnnport/gemv_layer.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/matmul_layer.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
@@ -184,12 +185,25 @@ bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
     return gemv_active(options) && register_gemv_layer(net);
 }
 
+namespace {
+
+// One weight width's prefetch choice (gemv_prefetch.h) as the run reports it.
+nlohmann::json prefetch_json(const GemvPrefetchChoice& choice) {
+    const GemvPrefetchChoice::Report r = choice.report();
+    return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
+            {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps}};
+}
+
+}  // namespace
+
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
             {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
-            {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()}};
+            {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
+            {"gemv_prefetch", {{"fp32", prefetch_json(gemv_prefetch_choice(false))},
+                               {"fp16", prefetch_json(gemv_prefetch_choice(true))}}}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

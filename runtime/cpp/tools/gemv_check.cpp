@@ -2,7 +2,7 @@
 // InnerProduct on one random layer, over a sequence of calls on the same two nets.
 //
 //   ncnnport-gemv-check --n N --k K [--rows 1,5,1] [--bias] [--threads T] [--fp16-storage]
-//                       [--fp16-bin] [--act 0..3] [--dims1] [--seed S] [--avx2]
+//                       [--fp16-bin] [--act 0..3] [--dims1] [--seed S] [--avx2] [--same-input]
 //
 // Why: the overwrite must compute what the built-in computes, up to fp32 summation order, on
 // every path it takes (its own kernel for one row, the built-in it delegates to for several rows,
@@ -19,6 +19,9 @@
 // Under fp16 storage both must hold the same fp16 weights (the overwrite mirrors ncnn's
 // conversion), and |fp16(w)| <= |w| (1 + 2^-11) widens S by that factor. relu / clip do not widen
 // a difference; leakyrelu scales it by at most max(1, |slope|).
+// --same-input feeds every call the first call's input (the rows must all be equal), so the
+// outputs' hashes show whether the calls the prefetch choice alternated (gemv_prefetch.h) gave
+// the same bits; "prefetch" in the JSON is that choice for the layer's weight width.
 // --avx2 limits the kernel to its 8-lane copy on an AVX-512 CPU (gemv_layer_limit_to_avx2); "isa"
 // in the JSON is the copy that ran (gemv_layer_label).
 // Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
@@ -28,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "ncnnport/gemv_layer.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/ncnn_graph.h"
 
 namespace {
@@ -45,7 +50,7 @@ namespace {
 struct Args {
     int n = 0, k = 0, threads = 1, act = 0;
     std::vector<int> rows{1};
-    bool bias = false, fp16_storage = false, fp16_bin = false, dims1 = false, avx2 = false;
+    bool bias = false, fp16_storage = false, fp16_bin = false, dims1 = false, avx2 = false, same_input = false;
     unsigned seed = 0;
 };
 
@@ -75,10 +80,13 @@ Args parse(int argc, char** argv) {
         else if (f == "--fp16-bin") a.fp16_bin = true;
         else if (f == "--dims1") a.dims1 = true;
         else if (f == "--avx2") a.avx2 = true;
+        else if (f == "--same-input") a.same_input = true;
         else throw std::invalid_argument("unknown option " + f);
     }
     if (a.n < 1 || a.k < 1 || a.rows.empty() || a.threads < 1 || a.act < 0 || a.act > 3)
         throw std::invalid_argument("--n, --k, --rows, --threads >= 1 and --act 0..3 are required");
+    if (a.same_input && std::count(a.rows.begin(), a.rows.end(), a.rows.front()) != static_cast<long>(a.rows.size()))
+        throw std::invalid_argument("--same-input needs every --rows entry equal");
     return a;
 }
 
@@ -207,9 +215,14 @@ int run_check(const Args& a) {
     const std::vector<float> wl = loaded_weights(a, w);
 
     nlohmann::json calls = nlohmann::json::array();
+    ncnn::Mat first;
     for (int rows : a.rows) {
         ncnn::Mat x = rows == 1 && a.dims1 ? ncnn::Mat(a.k) : ncnn::Mat(a.k, rows);
         for (size_t i = 0; i < x.total(); ++i) x[i] = uni(rng);
+        if (a.same_input) {
+            if (first.empty()) first = x.clone();
+            x = first;
+        }
         const ncnn::Mat r = run(ref, x);
         const uint64_t before = ncnnport::gemv_layer_calls();
         const ncnn::Mat g = run(test, x);
@@ -219,7 +232,11 @@ int run_check(const Args& a) {
         c["ref_dims"] = r.dims;
         calls.push_back(c);
     }
-    std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)}, {"calls", calls}}.dump() << "\n";
+    const ncnnport::GemvPrefetchChoice::Report p = ncnnport::gemv_prefetch_choice(a.fp16_storage).report();
+    const nlohmann::json prefetch = {{"state", p.state}, {"samples_on", p.samples_on}, {"samples_off", p.samples_off},
+                                     {"pairs_won", p.pairs_won}};
+    std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)},
+                                {"prefetch", prefetch}, {"calls", calls}}.dump() << "\n";
     return 0;
 }
 

@@ -69,9 +69,10 @@ bool int8_gemv_active(const GraphOptions& options);
 // ncnnport label means it never ran), and whether ncnn's own InnerProduct runs its AVX-512 copy
 // here ("gemv_ncnn_avx512": what --ncnn-gemv runs);
 // likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls", and "int8_gemv"
-// ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls", and the bytes of the
+// ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls", the bytes of the
 // overwrites' own weight copies in the huge-page arena ("kernel_weights_huge_bytes",
-// kernel_weight_allocator.h).
+// kernel_weight_allocator.h), and the gemv kernel's prefetch choice per weight width
+// ("gemv_prefetch": {"fp32", "fp16"} each with its state and sampled medians, gemv_prefetch.h).
 nlohmann::json gemv_json(const GraphOptions& options);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set

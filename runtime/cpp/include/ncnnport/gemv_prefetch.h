@@ -1,0 +1,65 @@
+// Whether the one-row InnerProduct kernel (gemv_layer.h) prefetches its weight stream in software,
+// chosen on the machine that runs it, from the model's own calls.
+//
+// Why measured, not fixed: prefetching kGemvPrefetchBytes ahead of the fp16 weight stream read
+// qwen3-asr real-L4's fp16 token in 36.3-37.3 ms against 49.7-51.4 on the device's Intel Xeon
+// (1 thread), and made the same token slower on an AMD EPYC (17.7-19.4 against 15.2-15.4 ms); the
+// Xeon's fp32 stream gained nothing. A rule by CPU name would be fitted to two machines. Prefetch
+// instructions change no arithmetic, so the two variants give the same bits and the choice can be
+// made on real calls: the first 2 x kGemvPrefetchSamples one-row calls of layers with at least
+// kGemvPrefetchMinBytes of weights alternate plain and prefetching (a decode step's head shards
+// and projections), each prefetching call paired with the plain call before it, and prefetch is
+// kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
+// of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
+// real difference, 7 or more wins of 8 come with probability at most 9/256). One choice per weight width
+// (fp32, fp16), per process.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ncnnport {
+
+constexpr size_t kGemvPrefetchBytes = 4096;           // distance ahead in the weight stream
+constexpr size_t kGemvPrefetchMinBytes = 4u << 20;    // layers that stream from DRAM (> any L2)
+constexpr int kGemvPrefetchSamples = 8;               // pairs of calls before choosing
+constexpr int kGemvPrefetchWinsNeeded = 7;            // pairs prefetch must win
+// A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
+// safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
+constexpr double kGemvPrefetchMargin = 0.03;
+
+// The choice for one weight width.
+class GemvPrefetchChoice {
+public:
+    struct Pick {
+        bool prefetch = false;  // the variant the call runs
+        bool sample = false;    // time it and record() it
+    };
+    struct Report {
+        std::string state;  // "undecided", "on" or "off"
+        int samples_on = 0, samples_off = 0, pairs_won = 0;
+        double median_on_gbps = 0.0, median_off_gbps = 0.0;
+    };
+
+    // The variant of the next call that reads `weight_bytes`.
+    Pick pick(size_t weight_bytes);
+    // A sampled call's read speed; decides once both variants have their samples.
+    void record(bool prefetch, size_t weight_bytes, double seconds);
+    Report report() const;
+
+private:
+    mutable std::mutex mutex_;
+    int state_ = -1;  // -1 undecided, 0 off, 1 on
+    unsigned next_ = 0;
+    std::vector<double> on_, off_;  // GB/s of sampled calls, in call order (pair i = off_[i], on_[i])
+};
+
+// The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin.
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off);
+
+// The process's choice for fp16 (true) or fp32 weights.
+GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
+
+}  // namespace ncnnport

@@ -1,0 +1,56 @@
+#include "ncnnport/gemv_prefetch.h"
+
+#include <algorithm>
+
+namespace ncnnport {
+
+namespace {
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off) {
+    int won = 0;
+    for (size_t i = 0; i < std::min(on.size(), off.size()); ++i) won += on[i] > off[i] * (1.0 + kGemvPrefetchMargin);
+    return won;
+}
+
+GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ >= 0) return {state_ == 1, false};
+    if (weight_bytes < kGemvPrefetchMinBytes) return {false, false};
+    return {(next_++ % 2) == 1, true};  // plain first: each prefetching call pairs with the call before
+}
+
+void GemvPrefetchChoice::record(bool prefetch, size_t weight_bytes, double seconds) {
+    if (seconds <= 0.0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state_ >= 0) return;
+    (prefetch ? on_ : off_).push_back(static_cast<double>(weight_bytes) / seconds / 1e9);
+    if (static_cast<int>(on_.size()) >= kGemvPrefetchSamples && static_cast<int>(off_.size()) >= kGemvPrefetchSamples)
+        state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchWinsNeeded ? 1 : 0;
+}
+
+GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Report r;
+    r.state = state_ < 0 ? "undecided" : (state_ == 1 ? "on" : "off");
+    r.samples_on = static_cast<int>(on_.size());
+    r.samples_off = static_cast<int>(off_.size());
+    r.pairs_won = prefetch_pairs_won(on_, off_);
+    r.median_on_gbps = on_.empty() ? 0.0 : median_of(on_);
+    r.median_off_gbps = off_.empty() ? 0.0 : median_of(off_);
+    return r;
+}
+
+GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
+    static GemvPrefetchChoice fp32_choice, fp16_choice;
+    return fp16 ? fp16_choice : fp32_choice;
+}
+
+}  // namespace ncnnport
