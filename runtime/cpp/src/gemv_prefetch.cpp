@@ -1,18 +1,10 @@
 #include "ncnnport/gemv_prefetch.h"
 
+#include "ncnnport/stats.h"
+
 #include <algorithm>
 
 namespace ncnnport {
-
-namespace {
-
-double median_of(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off) {
     int won = 0;
@@ -43,8 +35,8 @@ GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
     r.samples_on = static_cast<int>(on_.size());
     r.samples_off = static_cast<int>(off_.size());
     r.pairs_won = prefetch_pairs_won(on_, off_);
-    r.median_on_gbps = on_.empty() ? 0.0 : median_of(on_);
-    r.median_off_gbps = off_.empty() ? 0.0 : median_of(off_);
+    r.median_on_gbps = median(on_);
+    r.median_off_gbps = median(off_);
     return r;
 }
 

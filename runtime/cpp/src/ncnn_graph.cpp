@@ -185,16 +185,11 @@ bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
     return gemv_active(options) && register_gemv_layer(net);
 }
 
-namespace {
-
-// One weight width's prefetch choice (gemv_prefetch.h) as the run reports it.
-nlohmann::json prefetch_json(const GemvPrefetchChoice& choice) {
-    const GemvPrefetchChoice::Report r = choice.report();
+nlohmann::json gemv_prefetch_json(bool fp16) {
+    const GemvPrefetchChoice::Report r = gemv_prefetch_choice(fp16).report();
     return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
             {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps}};
 }
-
-}  // namespace
 
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
@@ -202,8 +197,7 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
-            {"gemv_prefetch", {{"fp32", prefetch_json(gemv_prefetch_choice(false))},
-                               {"fp16", prefetch_json(gemv_prefetch_choice(true))}}}};
+            {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)}}}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

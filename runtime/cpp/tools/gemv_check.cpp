@@ -11,7 +11,7 @@
 // from seeded random values); the test net registers the overwrite, the reference does not.
 //
 // Prints one JSON object: per call the rows, the overwrite's one-row products during it
-// ("gemv_calls"), a hash of the overwrite's output bits ("out_fnv1a"), max |diff| and the largest
+// ("gemv_calls"), the sha256 of the overwrite's output bits ("out_sha256"), max |diff| and the largest
 // diff / bound ratio, where per output
 //   bound = 2 * gamma(K + 1) * (|b| + sum_k |w_k x_k|),  gamma(n) = n u / (1 - n u), u = 2^-24:
 // each result is within gamma(K + 1) * S of the exact sum of the same products whatever the order
@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "ncnnport/gemv_layer.h"
-#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/ncnn_graph.h"
+#include "ncnnport/sha256.h"
 
 namespace {
 
@@ -161,16 +161,6 @@ double gamma(int n) {
     return n * u / (1.0 - n * u);
 }
 
-// FNV-1a over the bytes of n floats, as hex: lets a test see that two runs gave the same bits.
-std::string fnv1a_hex(const float* p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    const auto* c = reinterpret_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ c[i]) * 1099511628211ull;
-    std::ostringstream s;
-    s << std::hex << h;
-    return s.str();
-}
-
 // Per-call comparison of the two nets' outputs against the derived bound.
 nlohmann::json compare(const Args& a, const std::vector<float>& w, const std::vector<float>& b, const ncnn::Mat& x,
                        int rows, const ncnn::Mat& ref, const ncnn::Mat& got) {
@@ -196,7 +186,7 @@ nlohmann::json compare(const Args& a, const std::vector<float>& w, const std::ve
     }
     return {{"rows", rows}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
             {"identical", identical}, {"outputs", static_cast<size_t>(rows) * a.n},
-            {"out_fnv1a", fnv1a_hex(g, static_cast<size_t>(rows) * a.n)}};
+            {"out_sha256", ncnnport::sha256_bytes(std::string(reinterpret_cast<const char*>(g), static_cast<size_t>(rows) * a.n * sizeof(float)))}};
 }
 
 int run_check(const Args& a) {
@@ -232,9 +222,7 @@ int run_check(const Args& a) {
         c["ref_dims"] = r.dims;
         calls.push_back(c);
     }
-    const ncnnport::GemvPrefetchChoice::Report p = ncnnport::gemv_prefetch_choice(a.fp16_storage).report();
-    const nlohmann::json prefetch = {{"state", p.state}, {"samples_on", p.samples_on}, {"samples_off", p.samples_off},
-                                     {"pairs_won", p.pairs_won}};
+    const nlohmann::json prefetch = ncnnport::gemv_prefetch_json(a.fp16_storage);
     std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)},
                                 {"prefetch", prefetch}, {"calls", calls}}.dump() << "\n";
     return 0;

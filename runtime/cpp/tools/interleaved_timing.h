@@ -5,6 +5,8 @@
 // steps evict the cache), not from the cache the previous call warmed.
 #pragma once
 
+#include "ncnnport/stats.h"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -16,10 +18,7 @@ struct Medians {
     double reference_ms = 0.0, test_ms = 0.0;
 };
 
-inline double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using ncnnport::median;
 
 // The sum of the last eviction read: kept so the read is not elided.
 inline volatile float g_evict_sum = 0.f;

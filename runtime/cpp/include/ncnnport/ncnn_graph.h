@@ -74,6 +74,9 @@ bool int8_gemv_active(const GraphOptions& options);
 // kernel_weight_allocator.h), and the gemv kernel's prefetch choice per weight width
 // ("gemv_prefetch": {"fp32", "fp16"} each with its state and sampled medians, gemv_prefetch.h).
 nlohmann::json gemv_json(const GraphOptions& options);
+// The gemv kernel's prefetch choice for fp16 (true) or fp32 weights (gemv_prefetch.h): state,
+// samples per variant, pairs prefetch won, median read speeds; gemv_json and ncnnport-gemv-check.
+nlohmann::json gemv_prefetch_json(bool fp16);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
 // before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
