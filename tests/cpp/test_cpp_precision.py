@@ -229,16 +229,71 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
 
 
 @pytest.mark.slow
-def test_youtu_vl_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16-storage"])
+def test_youtu_vl_run_records_its_precision_and_equals_the_python_loop(build_dir, package, precision, tmp_path):
+    """Under fp16 storage the one-token steps run the layers' and head's ``decode`` variants, as
+    ``pipeline.decode_runners`` does (on x86 only InnerProduct reads fp16 weights); the prompt the
+    base graphs. The run's ``graphs`` say which opened, and its ids equal the Python loop's."""
+    from ncnnport.fsutil import read_json
+    from ncnnport.models.youtu_vl import packaged
+    from ncnnport.models.youtu_vl.pipeline import decode_runners
+    from ncnnport.runtime.lazy_modules import LazyModules
+    from ncnnport.runtime.options import RuntimeOptions
     from ncnnport.runtime.precision import get
 
+    pkg = package("youtu-vl")
     out = tmp_path / "o.json"
-    res = run(build_dir / "ncnnport-youtu-vl", "--package", package("youtu-vl"), "--prompt", "describe the sky",
-              "--max-new-tokens", "3", "--json-out", out, "--precision", "fp16-storage")
+    extra = [] if precision == "fp32" else ["--precision", precision]
+    # a prompt whose 24 tiny-preset ids vary, and under fp16 storage part from the ids of a loop
+    # that decodes on the base graphs (fp32-weight Gemms) at token 17
+    prompt = "What is in this picture? Answer briefly."
+    res = run(build_dir / "ncnnport-youtu-vl", "--package", pkg, "--prompt", prompt,
+              "--max-new-tokens", "24", "--json-out", out, *extra)
     assert res.returncode == 0, res.stderr
-    timing = json.loads(out.read_text())["timing"]
-    assert timing["precision"] == "fp16-storage"
-    assert timing["precision_flags"] == {k: bool(get("fp16-storage").flags.get(k, False)) for k in PRECISION_FIELDS}
+    got = json.loads(out.read_text())
+    timing = got["timing"]
+    assert timing["precision"] == precision
+    assert timing["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
+    layers = [g for g in timing["graphs"] if g.startswith("llm_layer")]
+    heads = [g for g in timing["graphs"] if g.startswith("lm_head")]
+    if precision == "fp32":  # the base graphs serve the steps too
+        assert layers and heads and not any(g.endswith(".decode") for g in timing["graphs"])
+    else:  # both: the base graphs for the prompt, the variants for the steps
+        assert {g + ".decode" for g in layers + heads if "." not in g} == {g for g in layers + heads if g.endswith(".decode")}
+        assert any(g.endswith(".decode") for g in layers) and any(g.endswith(".decode") for g in heads)
+        if timing["gemv"].startswith("ncnnport-"):  # the variants' InnerProducts ran on the kernel
+            assert timing["gemv_calls"] > 0
+    options = get(precision).options(RuntimeOptions(num_threads=1))
+    model_json = read_json(pkg / "model.json")
+    modules = LazyModules(pkg, options=options)
+    want = packaged.generate_ids(modules, packaged.packaged_config(pkg, model_json),
+                                 packaged.packaged_tokenizer(pkg, model_json), prompt, None, 24,
+                                 decode_runners=decode_runners(modules))
+    assert got["chunks"][0]["token_ids"] == want
+    assert len(set(want)) >= 12  # a varied sequence, not one id repeated
+
+
+@pytest.mark.slow
+def test_youtu_vl_fp16_storage_refuses_a_package_without_decode_variants(build_dir, package, tmp_path):
+    """A package whose layers and head declare no ``decode`` variant would decode fp16 storage on
+    fp32-weight Gemms: refused in one line naming the spec (runtime/variants.with_variant raises
+    the same way), while fp32 runs it."""
+    pkg = package("youtu-vl")
+    copy = tmp_path / "pkg"
+    copy.mkdir()
+    for entry in pkg.iterdir():
+        if entry.name != "specs":
+            (copy / entry.name).symlink_to(entry.resolve())
+    (copy / "specs").mkdir()
+    for spec in (pkg / "specs").iterdir():
+        doc = json.loads(spec.read_text())
+        doc.pop("variants", None)
+        (copy / "specs" / spec.name).write_text(json.dumps(doc))
+    argv = [build_dir / "ncnnport-youtu-vl", "--package", copy, "--prompt", "hi", "--max-new-tokens", "2", "--no-check"]
+    res = run(*argv, "--precision", "fp16-storage")
+    assert res.returncode == 2, res.stderr
+    one_line_exit_2(res, "llm_layer0.spec.json", "'decode' variant")
+    assert run(*argv).returncode == 0
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@
 
 #include "ncnnport/greedy.h"
 #include "ncnnport/model_json.h"
+#include "ncnnport/precision.h"
 
 namespace youtu_vl {
 
@@ -120,6 +121,23 @@ bool has_spec(const std::filesystem::path& package, const std::string& name) {
     return std::filesystem::is_regular_file(package / "specs" / (name + ".spec.json"));
 }
 
+// The variant the one-token steps run under fp16 storage (models/youtu_vl/specs.py DECODE).
+const char* const kDecodeVariant = "decode";
+
+// Whether specs/NAME.spec.json declares the graph variant `variant` (its "variants" list, the
+// one runtime/session.py NcnnModule.variants reads).
+bool declares_variant(const std::filesystem::path& package, const std::string& name, const std::string& variant) {
+    const auto spec = ncnnport::JsonFile::load(package / "specs" / (name + ".spec.json"));
+    if (!spec.has("variants")) return false;
+    const nlohmann::json& list = spec.at("variants");
+    if (!list.is_array()) spec.fail("variants", "is not a list");
+    for (const auto& v : list) {
+        if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) spec.fail("variants", "has an entry without a name");
+        if (v["name"] == variant) return true;
+    }
+    return false;
+}
+
 }  // namespace
 
 ModelInfo read_model_info(const std::filesystem::path& package) {
@@ -197,12 +215,37 @@ Vl::Vl(const std::filesystem::path& package, const ncnnport::GraphOptions& optio
     if (static_cast<int>(tokenizer_.vocab_size()) > info_.vocab)
         throw PackageError((package / info_.tokenizer_file).string() + ": " + std::to_string(tokenizer_.vocab_size())
                            + " ids, more than dims.vocab " + std::to_string(info_.vocab));
+    // pipeline.decode_runners: under fp16 storage the one-token steps run the "decode" variants
+    // of the layers and heads (InnerProduct over the same .bin: on x86 only InnerProduct reads
+    // fp16 weights, pnnx's Gemm keeps them fp32), the prompt the base graphs (Gemm: fast on many
+    // rows). As in runtime/variants.with_variant, graphs without the variant stay as they are,
+    // and a package where none declares it is an error, not a silent fp32-weight decode.
+    if (ncnnport::checked_precision(options_.precision, options_.vulkan).fp16_storage) {
+        std::vector<std::string> names = heads_;
+        for (int i = 0; i < info_.layers; ++i) names.push_back("llm_layer" + std::to_string(i));
+        for (const auto& n : names)
+            if (declares_variant(package, n, kDecodeVariant)) step_variants_.insert(n);
+        if (step_variants_.empty())
+            throw PackageError((package / "specs" / "llm_layer0.spec.json").string() + ": no layer or head graph declares the '"
+                               + kDecodeVariant + "' variant that decode steps under " + options_.precision + " run");
+    }
 }
 
-ncnnport::Graph& Vl::graph(const std::string& name) {
-    auto it = graphs_.find(name);
-    if (it == graphs_.end()) it = graphs_.emplace(name, std::make_unique<ncnnport::Graph>(package_, name, options_)).first;
+ncnnport::Graph& Vl::graph(const std::string& name, const std::string& variant) {
+    const std::string key = variant.empty() ? name : name + "." + variant;
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) it = graphs_.emplace(key, std::make_unique<ncnnport::Graph>(package_, name, options_, variant)).first;
     return *it->second;
+}
+
+std::vector<std::string> Vl::opened_graphs() const {
+    std::vector<std::string> names;
+    for (const auto& kv : graphs_) names.push_back(kv.first);
+    return names;  // std::map: sorted
+}
+
+ncnnport::Graph& Vl::step_graph(const std::string& name) {
+    return graph(name, step_variants_.count(name) ? kDecodeVariant : "");
 }
 
 std::vector<float> Vl::encode_image(const ncnnport::youtu::ProcessedImage& image) {
@@ -304,11 +347,11 @@ std::vector<float> Vl::embed(const std::vector<int>& ids) {
     return graph("text_embed").run({ncnnport::ids_mat(std::vector<int32_t>(ids.begin(), ids.end()))})[0].data;
 }
 
-std::vector<float> Vl::head_logits(const std::vector<float>& last_hidden) {
+std::vector<float> Vl::head_logits(const std::vector<float>& last_hidden, bool step) {
     const ncnn::Mat input = rows_mat(last_hidden.data(), 1, info_.hidden);
     std::vector<float> logits;
     for (const auto& name : heads_) {
-        Tensor part = std::move(graph(name).run({input})[0]);
+        Tensor part = std::move((step ? step_graph(name) : graph(name)).run({input})[0]);
         if (logits.empty()) logits = std::move(part.data);  // one head: no second copy of V floats
         else logits.insert(logits.end(), part.data.begin(), part.data.end());
     }
@@ -350,7 +393,8 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
     LatentCache cache(info_.layers, info_.kv_lora_rank, info_.rope_dim, 1 + s + std::max(max_new_tokens, 1));
     const std::vector<float> freqs = ncnnport::youtu::inv_freq(info_.rope_dim, info_.text_theta);
     // pipeline.forward_llm: rows at positions seen .. seen + rows - 1 through every layer
-    auto forward = [&](const std::vector<float>& embeds, int rows) {
+    // (the prompt's rows through the base graphs, a step's one row through step_graph)
+    auto forward = [&](const std::vector<float>& embeds, int rows, bool step) {
         std::vector<int64_t> positions(rows);
         // the perturbation: decode steps placed one position too far (the cache length counted
         // with its dummy row); a shift of every position would be invisible (RoPE is relative)
@@ -362,15 +406,16 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
         const ncnn::Mat past_m = past_mask(rows, cache.seen() + 1), mask_m = new_rows_mask(rows);
         Tensor hidden{{1, rows, h}, embeds};
         for (int i = 0; i < info_.layers; ++i) {
-            auto outs = graph("llm_layer" + std::to_string(i)).run(
+            const std::string layer = "llm_layer" + std::to_string(i);
+            auto outs = (step ? step_graph(layer) : graph(layer)).run(
                 {ncnnport::to_mat(hidden), cos_m, sin_m, past_m, mask_m, cache.past_latent(i), cache.past_krot(i)});
             cache.write(i, outs[1], outs[2]);
             hidden = std::move(outs[0]);
         }
         cache.commit(rows);
-        return head_logits(std::vector<float>(hidden.data.end() - h, hidden.data.end()));
+        return head_logits(std::vector<float>(hidden.data.end() - h, hidden.data.end()), step);
     };
-    std::vector<float> logits = forward(x, s);
+    std::vector<float> logits = forward(x, s, false);
 
     Generation gen;
     gen.prompt_tokens = s;
@@ -385,7 +430,7 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
             break;
         }
         if (step == max_new_tokens - 1) break;
-        logits = forward(embed({token}), 1);
+        logits = forward(embed({token}), 1, true);
         ++gen.decode_steps;
     }
     gen.decode_s = seconds_since(t_decode);

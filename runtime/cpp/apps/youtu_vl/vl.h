@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,11 +68,19 @@ public:
     Generation generate(const std::vector<int>& ids, const std::vector<float>& visual, int max_new_tokens);
     std::string decode_text(const std::vector<int>& tokens) const { return tokenizer_.decode(tokens, true); }
     const ModelInfo& info() const { return info_; }
+    // Names of the graphs opened so far ("llm_layer0", "llm_layer0.decode", ...), sorted: the JSON's
+    // record of which graphs the steps ran.
+    std::vector<std::string> opened_graphs() const;
 
 private:
-    ncnnport::Graph& graph(const std::string& name);
+    // The graph NAME (or its VARIANT over the same weights), opened on first use.
+    ncnnport::Graph& graph(const std::string& name, const std::string& variant = "");
+    // The graph a one-token step runs for NAME: its "decode" variant when step_variants_ holds
+    // NAME, else NAME itself (pipeline.generate's stepper).
+    ncnnport::Graph& step_graph(const std::string& name);
     std::vector<float> embed(const std::vector<int>& ids);
-    std::vector<float> head_logits(const std::vector<float>& last_hidden);
+    // Logits [V] of one hidden row through the head graphs (their step variants when `step`).
+    std::vector<float> head_logits(const std::vector<float>& last_hidden, bool step);
     double decode_graph_seconds() const;
 
     std::filesystem::path package_;
@@ -82,6 +91,9 @@ private:
     std::vector<std::string> heads_;
     std::unique_ptr<TiedEmbedding> tied_;  // null when the package has a text_embed graph
     std::map<std::string, std::unique_ptr<ncnnport::Graph>> graphs_;
+    // Layers and heads whose one-token steps run their "decode" variant: under fp16 storage
+    // (pipeline.decode_runners), every one the package declares it for; empty otherwise.
+    std::set<std::string> step_variants_;
 };
 
 }  // namespace youtu_vl
