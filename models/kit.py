@@ -196,6 +196,10 @@ class KitPort(ModelPort):
         """The bench module's ``PERF_TARGETS``."""
         return list(getattr(self._own(self.bench_module), "PERF_TARGETS", ()))
 
+    def bench_token_stage(self) -> str | None:
+        """The bench module's ``TOKEN_STAGE`` (None when it has none)."""
+        return getattr(self._own(self.bench_module), "TOKEN_STAGE", None)
+
     def bench_bytes(self, loaded: LoadedModel, stage: str, size: str,
                     precision: str = "fp32") -> dict[str, int] | None:
         """The bench module's ``stage_bytes(reference, stage, size, precision)`` (a Precision)."""

@@ -280,6 +280,12 @@ class ModelPort(ABC):
         "kv_cache": ..}``), for the memory-bandwidth bound; None when unknown."""
         return None
 
+    def bench_token_stage(self) -> str | None:
+        """The bench stage that is one whole generated token (embedding row, every layer, the
+        head): the work a C++ decode step does, so ``bench-cpp`` counts its ``bench_bytes`` for
+        the bound. None where the model generates no tokens (no bound in bench-cpp)."""
+        return None
+
     def bench_peer_graphs(self, loaded: LoadedModel, stage: str, size: str) -> list[tuple[str, dict[str, int]]] | None:
         """The graphs (module name, axis sizes) one call of a bench stage runs, for the ONNX
         Runtime peer column of ``bench --perf``; None when the stage declares none."""

@@ -25,6 +25,8 @@ from ncnnport.models.qwen3_asr.features import extract_features
 from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
 
 STAGES: dict[str, list[str]] = {"audio_encoder": ["2", "10"], "decode": ["16", "512"], "token": ["100", "1000"]}
+# The stage that is one whole generated token (what a C++ decode step runs; bench-cpp's bound).
+TOKEN_STAGE = "token"
 # The speed table of `make bench-perf` (once per --precision): a whole token (embed row + every
 # decode layer + final norm + tied head) and the decode layers alone, at positions ~100 and ~1000.
 PERF_STAGES: dict[str, list[str]] = {"token": ["100", "1000"], "decode": ["100", "1000"]}

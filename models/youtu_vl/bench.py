@@ -24,6 +24,9 @@ from ncnnport.runtime.perf_targets import PerfTarget
 
 STAGES: dict[str, tuple[str, ...]] = {"vision_encoder": ("224x224", "448x448"), "decode": ("16", "512"),
                                       "layers": ("16", "512")}
+# The stage that is one whole generated token: embedding row, every layer, the tied head
+# (what a C++ decode step runs; bench-cpp's bound).
+TOKEN_STAGE = "decode"
 # `make bench-perf MODEL=youtu-vl` (once per --precision): the LLM layers alone (the per-layer
 # decode speed targets), a whole token (layers + the 283386 x 2560 tied head, which dominates at
 # real size), and the whole vision encoder at 448x448. Under fp16 storage the one-token stages run

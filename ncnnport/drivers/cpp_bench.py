@@ -501,7 +501,10 @@ def torch_device_name(device: str) -> str | None:
 def kv_bytes_per_position(prep: Any) -> int | None:
     """The K/V cache bytes one more position adds to a token's reads (every layer, fp32): the
     port's ``bench_bytes`` at cache lengths 2 and 1 differenced (None where it counts no cache)."""
-    one, two = (prep.port.bench_bytes(prep.loaded, "token", size) or {} for size in ("1", "2"))
+    stage = prep.port.bench_token_stage()
+    if stage is None:
+        return None
+    one, two = (prep.port.bench_bytes(prep.loaded, stage, size) or {} for size in ("1", "2"))
     if "kv_cache" not in one or "kv_cache" not in two:
         return None
     return int(two["kv_cache"]) - int(one["kv_cache"]) or None
@@ -515,8 +518,10 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     check_options(model, rounds, new_tokens, vulkan, torch_device, torch, precision, huge_pages)
     exe = bench_executable(prep.port.cpp_executable, vulkan)
     # the bound's bytes (under the precision) need the reference's shapes: read them before it is released
-    token_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", precision) or {}).get("weights")
-    fp32_bytes = None if vulkan else (prep.port.bench_bytes(prep.loaded, "token", "1", "fp32") or {}).get("weights")
+    # (the port's whole-token stage: the work one C++ decode step does)
+    stage = None if vulkan else prep.port.bench_token_stage()
+    token_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", precision) or {}).get("weights")
+    fp32_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", "fp32") or {}).get("weights")
     kv_per_position = None if vulkan else kv_bytes_per_position(prep)
     released = release_reference(prep.loaded)
     bandwidth: dict[str, float] | None = None

@@ -219,16 +219,17 @@ def test_llm_bench_rows_have_equal_ids(model, prompt, tmp_path, monkeypatch, bui
 
 
 @pytest.mark.slow
-def test_qwen3_asr_fp16_storage_bench_has_equal_ids_and_a_2_byte_bound(tmp_path, monkeypatch, built_cpp):
+@pytest.mark.parametrize("model,prompt", [("qwen3-asr", 60), ("youtu-vl", 40)])
+def test_fp16_storage_bench_has_equal_ids_and_a_2_byte_bound(model, prompt, tmp_path, monkeypatch, built_cpp):
     """Both ncnn loops under fp16 storage (the executable says so in its JSON) give the same ids,
-    and the bound counts the token's bytes with 2-byte InnerProduct weights."""
-    prep, package = _prepared("qwen3-asr", tmp_path, monkeypatch, built_cpp)
-    fp32_bytes = prep.port.bench_bytes(prep.loaded, "token", "1")["weights"]
-    report = cpp_bench.bench_target(prep, package, [60], 6, 2, 1, False, tmp_path / "reports",
+    and the bound counts the port's whole-token bytes with 2-byte InnerProduct weights."""
+    prep, package = _prepared(model, tmp_path, monkeypatch, built_cpp)
+    fp32_bytes = prep.port.bench_bytes(prep.loaded, prep.port.bench_token_stage(), "1")["weights"]
+    report = cpp_bench.bench_target(prep, package, [prompt], 6, 2, 1, False, tmp_path / "reports",
                                     precision="fp16-storage")
     (row,) = report["rows"]
     assert report["passed"] and row["ids_cpp_equal_python"], row["id_mismatches"]
-    assert report["precision"] == "fp16-storage" and (tmp_path / "reports" / "qwen3-asr-fp16-storage.json").is_file()
+    assert report["precision"] == "fp16-storage" and (tmp_path / "reports" / f"{model}-fp16-storage.json").is_file()
     assert row["bound"]["inner_product_weight_bytes"] == 2 and row["bound"]["token_weight_bytes"] < fp32_bytes
     assert "ncnn fp16-storage (torch fp32)" in report["table"]
 
@@ -254,6 +255,17 @@ def test_qwen3_asr_token_bytes_count_the_packages_inner_products_at_the_precisio
     assert inner_product > 0
     fp32, fp16 = (prep.port.bench_bytes(prep.loaded, "token", "1", p)["weights"] for p in ("fp32", "fp16-storage"))
     assert fp32 - fp16 == 2 * inner_product
+
+
+def test_each_llm_names_its_whole_token_stage_and_seedvr2_none():
+    """bench-cpp's bound counts the bytes of the port's whole-token stage (a stage of its bench,
+    counted by its bench_bytes); an LLM without one would print no bound, silently."""
+    from ncnnport.registry import get_port
+
+    for model in ("qwen3-asr", "youtu-vl"):
+        port = get_port(model)
+        assert port.bench_token_stage() in port.bench_stages(), model
+    assert get_port("seedvr2").bench_token_stage() is None
 
 
 @pytest.mark.slow
@@ -310,6 +322,9 @@ class FakeBenchPort(NoBenchPort):
 
     name = "fake-bench"
     cpp_bench_sizes = (3,)
+
+    def bench_token_stage(self) -> str | None:
+        return "token"
 
     def __init__(self) -> None:
         self.seen: list[Any] = []

@@ -229,6 +229,13 @@ Vl::Vl(const std::filesystem::path& package, const ncnnport::GraphOptions& optio
             throw PackageError((package / "specs" / "llm_layer0.spec.json").string() + ": no layer or head graph declares the '"
                                + kDecodeVariant + "' variant that decode steps under " + options_.precision + " run");
     }
+    // The text loop's graphs open here, so a run's load_s holds their loading and prefill_s /
+    // decode_s only their runs (opened on first use, the decode variants put their load inside
+    // the first step's time: bench-cpp read it as 1.7 s per token instead of 0.1). The vision
+    // graphs stay on first use: a text prompt never opens them.
+    for (int i = 0; i < info_.layers; ++i) graph("llm_layer" + std::to_string(i));
+    for (const auto& n : heads_) graph(n);
+    for (const auto& n : step_variants_) step_graph(n);
 }
 
 ncnnport::Graph& Vl::graph(const std::string& name, const std::string& variant) {
