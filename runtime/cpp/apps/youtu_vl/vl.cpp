@@ -220,10 +220,11 @@ Vl::Vl(const std::filesystem::path& package, const ncnnport::GraphOptions& optio
     // fp16 weights, pnnx's Gemm keeps them fp32), the prompt the base graphs (Gemm: fast on many
     // rows). As in runtime/variants.with_variant, graphs without the variant stay as they are,
     // and a package where none declares it is an error, not a silent fp32-weight decode.
+    std::vector<std::string> text_graphs;  // in the order a token runs them
+    for (int i = 0; i < info_.layers; ++i) text_graphs.push_back("llm_layer" + std::to_string(i));
+    text_graphs.insert(text_graphs.end(), heads_.begin(), heads_.end());
     if (ncnnport::checked_precision(options_.precision, options_.vulkan).fp16_storage) {
-        std::vector<std::string> names = heads_;
-        for (int i = 0; i < info_.layers; ++i) names.push_back("llm_layer" + std::to_string(i));
-        for (const auto& n : names)
+        for (const auto& n : text_graphs)
             if (declares_variant(package, n, kDecodeVariant)) step_variants_.insert(n);
         if (step_variants_.empty())
             throw PackageError((package / "specs" / "llm_layer0.spec.json").string() + ": no layer or head graph declares the '"
@@ -232,10 +233,10 @@ Vl::Vl(const std::filesystem::path& package, const ncnnport::GraphOptions& optio
     // The text loop's graphs open here, so a run's load_s holds their loading and prefill_s /
     // decode_s only their runs (opened on first use, the decode variants put their load inside
     // the first step's time: bench-cpp read it as 1.7 s per token instead of 0.1). The vision
-    // graphs stay on first use: a text prompt never opens them.
-    for (int i = 0; i < info_.layers; ++i) graph("llm_layer" + std::to_string(i));
-    for (const auto& n : heads_) graph(n);
-    for (const auto& n : step_variants_) step_graph(n);
+    // graphs stay on first use: a text prompt never opens them. Opened in the order a token runs
+    // them, so the kernels' weight copies (kernel_weight_allocator.h) lie in that order too.
+    for (const auto& n : text_graphs) graph(n);
+    for (const auto& n : text_graphs) step_graph(n);
 }
 
 ncnnport::Graph& Vl::graph(const std::string& name, const std::string& variant) {
