@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +199,38 @@ def test_parity_runtime_cpp_rows(exe, package, images, monkeypatch):
     assert all(r["runtime"] == "cpp" for r in summary["e2e"])
     fixtures = {r["fixture"] for r in summary["e2e"]}
     assert {"text_only", "six_windows", f"input:{rotated.name}"} <= fixtures
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: a long prompt holds one layer call's activations, not the sum over the layer graphs
+
+_PEAK_RSS = ("import resource, subprocess, sys\n"
+             "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+             "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+
+
+def _peak_rss_bytes(argv: list[str]) -> int:
+    """Peak RSS of one run of ``argv`` (a fresh Python parent, so no other child counts)."""
+    res = subprocess.run([sys.executable, "-c", _PEAK_RSS, *argv], capture_output=True, text=True, timeout=600,
+                         check=True)
+    rc, kb = res.stdout.split()
+    assert rc == "0", res.stderr
+    return int(kb) * 1024
+
+
+@pytest.mark.slow
+def test_a_long_prompt_holds_one_layer_calls_activations(exe, package, tmp_path):
+    """A prefill of S rows makes each layer call hold a few [heads, S, S] fp32 score blobs at
+    once (the new rows' two score terms and their sum: 3 measured). ncnn's default per-Net pool
+    kept every layer graph's blocks after its call and handed large free blocks to small
+    requests: the tiny package at S=3038 then peaked 11.8 score blobs above a short prompt
+    (3.0 without it). The bound, 6 blobs, is twice one call's measured live set."""
+    dims = json.loads((package / "model.json").read_text())["dims"]
+    argv = [str(exe), "--package", str(package), "--max-new-tokens", "2", "--no-check"]
+    short = _peak_rss_bytes(argv + ["--prompt", "sky"])
+    out = tmp_path / "long.json"
+    extra = _peak_rss_bytes(argv + ["--prompt", " ".join(["sky"] * 1000), "--json-out", str(out)]) - short
+    rows = json.loads(out.read_text())["chunks"][0]["prompt_tokens"]
+    assert rows > 2000, rows  # long enough that the score blobs dominate
+    score_blob = dims["heads"] * rows * rows * 4
+    assert extra <= 6 * score_blob, f"{extra / score_blob:.1f} score blobs of {score_blob / 2**20:.0f} MiB"

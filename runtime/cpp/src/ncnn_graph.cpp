@@ -133,6 +133,14 @@ ncnn::Option fp32_options(int threads, bool vulkan) {
     opt.use_fp16_arithmetic = false;
     opt.use_bf16_storage = false;
     opt.use_packing_layout = true;
+    // CPU nets allocate each call's blobs from the heap and free them when the call ends, instead
+    // of ncnn's default per-Net pool. Why: that pool keeps every block a Net ever allocated until
+    // the Net is destroyed and hands any larger free block to a smaller request, so a loop of
+    // graphs holds the sum of their peaks, and more. Youtu-VL real widths, 4 layers, fp16-storage,
+    // one EPYC thread: a 3008-token prompt was killed for memory past 24 GB with the pools and
+    // peaked at 10.6 GB without; decode speed did not move beyond the noise (runtime/cpp/README.md,
+    // "Blob memory").
+    opt.use_local_pool_allocator = vulkan;
     return opt;
 }
 

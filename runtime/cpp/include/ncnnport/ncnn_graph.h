@@ -80,6 +80,9 @@ nlohmann::json gemv_prefetch_json(bool fp16);
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
 // before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
+// One difference that changes no number: CPU nets run without ncnn's per-Net pool allocator (each
+// call's blobs come from the heap and go back when it ends; the Python loop keeps the pools, whose
+// trade-offs runtime/options.py `low_memory` documents).
 ncnn::Option fp32_options(int threads, bool vulkan);
 // fp32_options with exactly the flags of the precision called `precision` (precision.h, the
 // flags runtime/precision.py sets for that name: Precision.options); std::invalid_argument for a
