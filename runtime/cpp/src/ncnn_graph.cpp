@@ -7,6 +7,7 @@
 #include "ncnnport/gemv_layer.h"
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/matmul_layer.h"
+#include "ncnnport/memory_data_layer.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/precision.h"
@@ -188,6 +189,7 @@ bool int8_gemv_active(const GraphOptions& options) {
 }
 
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
+    if (!options.vulkan) register_memory_data_layer(net);
     if (matmul_active(options)) register_matmul_layer(net);
     if (int8_gemv_active(options)) register_int8_gemv_layer(net);
     return gemv_active(options) && register_gemv_layer(net);
@@ -203,6 +205,7 @@ nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
             {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
+            {"memory_data_shares", memory_data_shares()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
             {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)}}}};

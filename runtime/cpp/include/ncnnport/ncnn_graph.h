@@ -56,7 +56,8 @@ struct GraphOptions {
 bool gemv_active(const GraphOptions& options);
 // Registers the gemv overwrite on `net` (before load_param) when gemv_active(options), and the
 // MatMul overwrite when matmul_active(options) and the int8 Gemm overwrite when
-// int8_gemv_active(options); true when the gemv overwrite was registered.
+// int8_gemv_active(options), and on every CPU net the copy-free MemoryData (memory_data_layer.h);
+// true when the gemv overwrite was registered.
 bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
 // True when graphs opened with `options` get the MatMul overwrite: a CPU net, a CPU that runs the
 // kernel, and options.matmul_kernel.
@@ -69,7 +70,8 @@ bool int8_gemv_active(const GraphOptions& options);
 // ncnnport label means it never ran), and whether ncnn's own InnerProduct runs its AVX-512 copy
 // here ("gemv_ncnn_avx512": what --ncnn-gemv runs);
 // likewise "matmul" ("ncnnport-avx2" or "ncnn", matmul_active) and "matmul_calls", and "int8_gemv"
-// ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls", the bytes of the
+// ("ncnnport-avx512vnni" or "ncnn", int8_gemv_active) and "int8_gemv_calls", the MemoryData
+// outputs handed on without a copy ("memory_data_shares", memory_data_layer.h), the bytes of the
 // overwrites' own weight copies in the huge-page arena ("kernel_weights_huge_bytes",
 // kernel_weight_allocator.h), and the gemv kernel's prefetch choice per weight width
 // ("gemv_prefetch": {"fp32", "fp16"} each with its state and sampled medians, gemv_prefetch.h).
