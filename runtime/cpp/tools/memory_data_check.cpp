@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "ncnnport/cli_args.h"
 #include "ncnnport/memory_data_layer.h"
 #include "ncnnport/ncnn_graph.h"
 
@@ -40,16 +41,15 @@ Args parse(int argc, char** argv) {
     Args a;
     for (int i = 1; i < argc; ++i) {
         const std::string f = argv[i];
-        auto value = [&]() -> int {
-            if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
-            return std::stoi(argv[++i]);
+        auto value = [&]() -> int {  // the executables' one integer rule (cli_args.h)
+            if (i + 1 >= argc) throw ncnnport::UsageError(f + " needs a value");
+            return ncnnport::int_arg(f, argv[++i], 1);
         };
         if (f == "--calls") a.calls = value();
         else if (f == "--n") a.n = value();
         else if (f == "--no-lightmode") a.lightmode = false;
-        else throw std::invalid_argument("unknown option " + f);
+        else throw ncnnport::UsageError("unknown option " + f);
     }
-    if (a.calls < 1 || a.n < 1) throw std::invalid_argument("--calls and --n must be >= 1");
     return a;
 }
 
@@ -81,7 +81,7 @@ void open_net(ncnn::Net& net, const Args& a, const std::vector<unsigned char>& b
 }
 
 bool equals(const ncnn::Mat& m, const std::vector<float>& want) {
-    return m.dims == 1 && m.w == static_cast<int>(want.size()) && m.elempack == 1
+    return m.dims == 1 && m.w == static_cast<int>(want.size()) && m.elempack == 1 && m.elemsize == sizeof(float)
            && std::memcmp(m.data, want.data(), want.size() * sizeof(float)) == 0;
 }
 

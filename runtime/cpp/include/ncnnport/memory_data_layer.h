@@ -3,9 +3,9 @@
 //
 // Why: ncnn 1.0.20261020's MemoryData::forward returns data.clone() on every call. The Youtu-VL
 // decode graph holds MLA's absorbed projections (w_uk, w_uv: 32 x 128 x 512 fp32, 8.4 MB each) as
-// MemoryData, so every layer of every token copied 16.8 MB into fresh heap pages before reading
-// it: a perf profile of the C++ fp16-storage loop (real widths, 4 layers) put ~5 ms of an 84.5 ms
-// token in that memmove alone, besides the page faults of the fresh blocks. Sharing is safe under
+// MemoryData, so every layer of every token copied 16.8 MB before reading it: a perf profile of
+// the C++ fp16-storage loop (real widths, 4 layers, the decode steps) put 5.6 % of the samples of
+// an 84.8 ms token in that memmove (0.4 % after; runtime/cpp/README.md). Sharing is safe under
 // ncnn's own rules: the blob shares the layer's reference count, so it is never 1, and ncnn's
 // forward clones a blob whose count is not 1 before any in-place layer touches it (net.cpp, "deep
 // copy for inplace forward if data is shared"); without lightmode ncnn runs no layer in place at
