@@ -20,6 +20,13 @@ layer is that window layer plus the attention pairs it adds, ``b (N^2 - sum of w
 ``b`` read off the timed size (full minus window layer at the same N: the Gemms are identical).
 A fit through two sizes was tried and dropped: at 784 patches the N^2 term is a few percent of
 the time, so load noise there swung the fitted cap estimate by 16x between two runs.
+
+``--precision`` runs the ncnn blocks under a ``runtime/precision.py`` name (torch stays fp32
+eager), as ``run --precision`` runs the package's vision segments. A speed-up bought with
+precision only counts where the port still computes the model: every timed size also compares
+each ncnn layer with the torch block on the same inputs and judges it by the model policy's gate
+of that precision's mode (the gate ``parity`` applies to the vision segments), and the >= 1.5x
+verdict is ``met`` only when that gate passes too.
 """
 
 from __future__ import annotations
@@ -35,12 +42,35 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ncnnport.contract import Tolerance
+from ncnnport.metrics import compare, judge
 from ncnnport.models.youtu_vl.config import VisionConfig
 from ncnnport.models.youtu_vl.processor import patch_positions, target_size, window_layout
+from ncnnport.parity.policy import Policy
+from ncnnport.runtime import precision as precisions
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 
 TARGET_RATIO = 1.5  # issue 17: the vision encoder >= 1.5x torch at each size
 CAP_PATCHES = 36864
+POLICY = Path(__file__).with_name("policy.json")
+
+
+def bench_precision(name: str) -> precisions.Precision:
+    """The precision the ncnn blocks run: a name of runtime/precision.py that is ncnn option
+    flags only (this bench converts its own fp32 graphs; a derived package's weights, fp16 or
+    int8, are not an option it can set). One-line ValueError otherwise."""
+    p = precisions.get(name)
+    if p.fp16_weights or p.int8_weights:
+        flag_only = ", ".join(n for n, q in precisions.PRECISIONS.items() if not (q.fp16_weights or q.int8_weights))
+        raise ValueError(f"--precision {name!r} is a derived package ({p.package_name}); "
+                         f"the vision bench runs ncnn option precisions: {flag_only}")
+    return p
+
+
+def layer_gate(p: precisions.Precision, policy_path: Path = POLICY) -> Tolerance:
+    """The gate a vision segment is judged by under ``p`` on the CPU (the policy has no per-module
+    entry for vision segments, so it is the mode's default: fp32's, or the roundoff rule's)."""
+    return Policy.load(policy_path).default(precisions.judging_mode(p, use_vulkan=False))
 
 
 @dataclass(frozen=True)
@@ -170,12 +200,21 @@ def segment_spec(name: str, cfg: VisionConfig) -> dict[str, Any]:
             "outputs": [t("hidden_out", cfg.hidden_size)], "axes": {"patches": [192, 64]}}
 
 
-def open_graph(param: Path, cfg: VisionConfig, threads: int) -> Any:
+def open_graph(param: Path, cfg: VisionConfig, threads: int, precision: str = "fp32") -> Any:
     from ncnnport.runtime.options import RuntimeOptions
     from ncnnport.runtime.session import NcnnModule
 
+    options = bench_precision(precision).options(RuntimeOptions(num_threads=threads))
     return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")),
-                      segment_spec(param.name.split(".")[0], cfg), RuntimeOptions(num_threads=threads))
+                      segment_spec(param.name.split(".")[0], cfg), options)
+
+
+def layer_parity(reference: np.ndarray, candidate: np.ndarray, gate: Tolerance) -> dict[str, Any]:
+    """One layer's ncnn output against the torch block's on the same inputs, judged by ``gate``."""
+    stats = compare(reference, candidate, what="vision layer")
+    passed, reason = judge(stats, gate)
+    return {"max_abs_rel": stats.max_abs / stats.ref_absmax if stats.ref_absmax else stats.max_abs,
+            "worst_row_cosine": stats.worst_row_cosine, "passed": passed, "reason": reason}
 
 
 def peak_rss_mb() -> float:
@@ -184,27 +223,31 @@ def peak_rss_mb() -> float:
 
 
 def measure_case(case: LayerCase, tower: Any, runners: dict[str, Any], cfg: VisionConfig,
-                 rounds: int) -> dict[str, Any]:
+                 rounds: int, gate: Tolerance | None = None) -> dict[str, Any]:
     """Median ms per layer kind and runtime over ``rounds`` interleaved rounds (1 warm-up), the
-    per-round torch/ncnn ratios' median, and the process's peak RSS after the ncnn calls and
-    after the torch calls (the torch side allocates its own activations and score matrices)."""
+    per-round torch/ncnn ratios' median, each layer's parity against the torch block (judged by
+    ``gate``, from the warm-up calls; fp32's by default), and the process's peak RSS after the
+    ncnn calls and after the torch calls (the torch side allocates its own activations and score
+    matrices)."""
     from ncnnport.runtime.perf_timing import interleaved_ms
 
+    gate = gate or layer_gate(bench_precision("fp32"))
     inputs = rope_inputs(case, cfg, np.random.default_rng(0))
     whole = ((0, case.patches),)
     blocks = tower.vision_model.encoder.layers
     nc = [ncnn_layer_call(runners["window"], inputs, case.windows), ncnn_layer_call(runners["full"], inputs, whole)]
-    for call in nc:
-        call()
+    got = [call() for call in nc]
     rss_ncnn = peak_rss_mb()
     th = [torch_layer_call(blocks[0], inputs, case.windows), torch_layer_call(blocks[1], inputs, whole)]
+    parity = {kind: layer_parity(call().numpy(), out[0], gate) for kind, call, out in zip(("window", "full"), th, got)}
+    del got
     times = interleaved_ms([nc[0], th[0], nc[1], th[1]], rounds, warmup=0)
     med = [statistics.median(t) for t in times]
     ratio = lambda a, b: statistics.median(y / x for x, y in zip(times[a], times[b]))  # noqa: E731
     return {"size": case.label, "patches": case.patches, "windows": len(case.windows), "rounds": rounds,
             "window_ms": {"ncnn": med[0], "torch": med[1], "ratio": ratio(0, 1)},
             "full_ms": {"ncnn": med[2], "torch": med[3], "ratio": ratio(2, 3)},
-            "encoder_ratio": encoder_round_ratio(times, cfg), "round_ms": times,
+            "encoder_ratio": encoder_round_ratio(times, cfg), "round_ms": times, "parity": parity,
             "peak_rss_mb": {"after_ncnn": rss_ncnn, "after_torch": peak_rss_mb()}, "extrapolated": False}
 
 
@@ -223,7 +266,7 @@ def extrapolate(case: LayerCase, timed: LayerCase, row: dict[str, Any]) -> dict[
     timed_full, timed_win = attention_pairs(timed)
     out: dict[str, Any] = {"size": case.label, "patches": case.patches, "windows": len(case.windows),
                            "rounds": 0, "extrapolated": True, "peak_rss_mb": None,
-                           "window_ms": {}, "full_ms": {}}
+                           "window_ms": {}, "full_ms": {}, "parity": row.get("parity"), "parity_from": timed.label}
     for runtime in ("ncnn", "torch"):
         win = row["window_ms"][runtime]
         per_pair = (row["full_ms"][runtime] - win) / (timed_full - timed_win)
@@ -241,22 +284,43 @@ def encoder_row(row: dict[str, Any], cfg: VisionConfig) -> dict[str, float]:
     return {**ms, "ratio": row.get("encoder_ratio") or ms["torch"] / ms["ncnn"]}
 
 
-def table(rows: Sequence[dict[str, Any]], cfg: VisionConfig, threads: int) -> list[str]:
-    """Markdown rows: per-layer medians, the encoder estimate and the >= 1.5x verdict."""
+def verdict(row: dict[str, Any], cfg: VisionConfig) -> str:
+    """``met`` when the encoder is >= TARGET_RATIO x torch and every layer passed its parity gate
+    (a row without parity, e.g. a hand-made one, is judged on speed alone)."""
+    if encoder_row(row, cfg)["ratio"] < TARGET_RATIO:
+        return "not met"
+    failed = [kind for kind, p in (row.get("parity") or {}).items() if not p["passed"]]
+    return f"not met (parity: {', '.join(failed)} layer outside the gate)" if failed else "met"
+
+
+def _parity_text(row: dict[str, Any]) -> str:
+    parity = row.get("parity")
+    if not parity:
+        return "-"
+    cells = " / ".join(f"{parity[k]['max_abs_rel']:.1e}{'' if parity[k]['passed'] else ' FAIL'}" for k in ("window", "full"))
+    return cells + (f" (as {row['parity_from']})" if row.get("parity_from") else "")
+
+
+def table(rows: Sequence[dict[str, Any]], cfg: VisionConfig, threads: int, precision: str = "fp32",
+          gate: Tolerance | None = None) -> list[str]:
+    """Markdown rows: per-layer medians, the encoder estimate, each layer's parity and the
+    >= 1.5x verdict."""
     n_win, n_full = layer_counts(cfg)
-    out = [f"| threads | size | patches | windows | window layer ncnn / torch ms (x) | full layer ncnn / torch ms (x) "
-           f"| encoder ({n_win} win + {n_full} full) ncnn / torch s | ratio (per round) | >= {TARGET_RATIO}x | peak RSS MB (ncnn / +torch) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    gate_text = f" (gate {gate.max_abs_rel:.2g}, cos >= {gate.min_cosine:.6g})" if gate else ""
+    out = [f"| threads | ncnn precision | size | patches | windows | window layer ncnn / torch ms (x) "
+           f"| full layer ncnn / torch ms (x) | encoder ({n_win} win + {n_full} full) ncnn / torch s "
+           f"| ratio (per round) | max_abs/max\\|ref\\| window / full{gate_text} | >= {TARGET_RATIO}x "
+           f"| peak RSS MB (ncnn / +torch) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         enc = encoder_row(r, cfg)
         w, f = r["window_ms"], r["full_ms"]
         rss = r["peak_rss_mb"]
-        out.append(f"| {threads} | {r['size']}{' (extrapolated)' if r['extrapolated'] else ''} | {r['patches']} "
-                   f"| {r['windows']} | {w['ncnn']:.0f} / {w['torch']:.0f} ({w['ratio']:.2f}) "
+        out.append(f"| {threads} | {precision} | {r['size']}{' (extrapolated)' if r['extrapolated'] else ''} "
+                   f"| {r['patches']} | {r['windows']} | {w['ncnn']:.0f} / {w['torch']:.0f} ({w['ratio']:.2f}) "
                    f"| {f['ncnn']:.0f} / {f['torch']:.0f} ({f['ratio']:.2f}) "
                    f"| {enc['ncnn'] / 1e3:.1f} / {enc['torch'] / 1e3:.1f} | {enc['ratio']:.2f} "
-                   f"| {'met' if enc['ratio'] >= TARGET_RATIO else 'not met'} "
-                   f"| {_rss_text(rss)} |")
+                   f"| {_parity_text(r)} | {verdict(r, cfg)} | {_rss_text(rss)} |")
     return out
 
 
@@ -272,11 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--build", type=Path, default=Path("build/youtu-vl/vision-bench"))
+    p.add_argument("--precision", default="fp32",
+                   help="runtime/precision.py name the ncnn blocks run (ncnn option precisions; torch stays fp32)")
     args = p.parse_args(argv)
     cfg = VisionConfig()
     try:
         cases = [case_for(size, cfg) for size in args.sizes.split(",") if size]
         extra = [case_for(size, cfg) for size in args.extrapolate.split(",") if size]
+        gate = layer_gate(bench_precision(args.precision))
     except ValueError as exc:
         p.error(str(exc))
     if not cases:
@@ -285,14 +352,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     tower, graphs = build_graphs(cfg, args.build)
-    runners = {k: open_graph(v, two_block_config(cfg), args.threads) for k, v in graphs.items()}
+    runners = {k: open_graph(v, two_block_config(cfg), args.threads, args.precision) for k, v in graphs.items()}
     rows = []
     for case in cases:
-        rows.append(measure_case(case, tower, runners, cfg, args.rounds))
+        rows.append(measure_case(case, tower, runners, cfg, args.rounds, gate))
         print(f"timed {case.label}: {rows[-1]}", file=sys.stderr, flush=True)
     largest = max(range(len(cases)), key=lambda i: cases[i].patches)
     rows += [extrapolate(case, cases[largest], rows[largest]) for case in extra]
-    print("\n".join(table(rows, cfg, args.threads)))
+    from ncnnport.runtime.machine import cpu_record
+
+    cpu = cpu_record()
+    print(f"machine: {cpu['cpu_model']} ({cpu['arch']}: {' '.join(cpu['isa_features']) or 'baseline ISA'}); "
+          f"ncnn {args.precision}, torch fp32 eager; threads {args.threads}; {args.rounds} rounds")
+    print("\n".join(table(rows, cfg, args.threads, args.precision, gate)))
     return 0
 
 

@@ -68,7 +68,41 @@ def test_verdict_is_judged_on_the_whole_encoder() -> None:
     rows = [_row("a", 784, 4, 100.0, 100.0)]  # torch 2x on windows, 3x on full layers
     line = vb.table(rows, REAL, threads=1)[-1]
     ratio = (23 * 200 + 4 * 300) / (23 * 100 + 4 * 100)
-    assert f"| {ratio:.2f} | met |" in line
+    assert f"| {ratio:.2f} | - | met |" in line
+
+
+def _parity(window_ok: bool) -> dict:
+    gate = vb.layer_gate(vb.bench_precision("bf16"))
+    ok = {"max_abs_rel": 0.01, "worst_row_cosine": 0.9999, "passed": True, "reason": ""}
+    bad = {**ok, "max_abs_rel": 2 * gate.max_abs_rel, "passed": False, "reason": "max_abs"}
+    return {"window": ok if window_ok else bad, "full": ok}
+
+
+def test_speed_bought_outside_the_parity_gate_is_not_met() -> None:
+    fast = {**_row("a", 784, 4, 100.0, 100.0), "parity": _parity(window_ok=False)}
+    line = vb.table([fast], REAL, threads=1, precision="bf16")[-1]
+    assert "| bf16 |" in line and "FAIL" in line and "| not met (parity: window layer outside the gate) |" in line
+    fine = {**fast, "parity": _parity(window_ok=True)}
+    assert vb.verdict(fine, REAL) == "met"
+    slow = {**_row("a", 784, 4, 100.0, 100.0), "window_ms": {"ncnn": 100.0, "torch": 100.0, "ratio": 1.0},
+            "full_ms": {"ncnn": 100.0, "torch": 100.0, "ratio": 1.0}, "parity": _parity(window_ok=True)}
+    assert vb.verdict(slow, REAL) == "not met"
+
+
+def test_precision_is_an_ncnn_option_judged_by_the_policy_mode() -> None:
+    assert vb.layer_gate(vb.bench_precision("fp32")).max_abs_rel == pytest.approx(1e-4)
+    bf16 = vb.layer_gate(vb.bench_precision("bf16"))  # the roundoff rule's: 2 x 4 x 2^-8
+    assert bf16.max_abs_rel == pytest.approx(2 * 4 * 2 ** -8)
+    for derived in ("fp16-weights", "int8-weights"):
+        with pytest.raises(ValueError, match="derived package"):
+            vb.bench_precision(derived)
+
+
+def test_a_package_precision_is_refused_before_anything_is_built(capsys, tmp_path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        vb.main(["--precision", "int8-weights", "--build", str(tmp_path / "b")])
+    assert exit_info.value.code == 2 and not (tmp_path / "b").exists()
+    assert "derived package (package-int8w)" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_encoder_ratio_pairs_the_calls_of_one_round() -> None:
@@ -79,7 +113,7 @@ def test_encoder_ratio_pairs_the_calls_of_one_round() -> None:
     quiet = vb.encoder_ms(20.0, 300.0, REAL) / vb.encoder_ms(10.0, 100.0, REAL)
     assert got == pytest.approx(quiet)
     row = {**_row("a", 784, 4, 10.0, 100.0), "encoder_ratio": got}
-    assert f"| {got:.2f} | met |" in vb.table([row], REAL, threads=1)[-1]
+    assert f"| {got:.2f} | - | met |" in vb.table([row], REAL, threads=1)[-1]
 
 
 def test_ncnn_layer_equals_the_reference_block_on_every_window(tmp_path) -> None:
@@ -100,6 +134,22 @@ def test_ncnn_layer_equals_the_reference_block_on_every_window(tmp_path) -> None
         assert np.abs(got - want).max() < 1e-4, kind
     row = vb.measure_case(case, tower, runners, cfg, rounds=1)
     assert row["windows"] == 2 and row["peak_rss_mb"]["after_torch"] >= row["peak_rss_mb"]["after_ncnn"] > 0
+    assert all(p["passed"] and p["max_abs_rel"] < 1e-4 for p in row["parity"].values())
+
+
+def test_reduced_precision_layers_are_judged_against_the_fp32_torch_block(tmp_path) -> None:
+    """bf16 storage on the same tiny graphs: its error lands inside the bf16 gate and far outside
+    fp32's, so the parity column measures the precision and can fail."""
+    cfg = dataclasses.replace(tiny_config().vision)
+    tower, graphs = vb.build_graphs(cfg, tmp_path)
+    small = vb.two_block_config(cfg)
+    runners = {k: vb.open_graph(v, small, threads=1, precision="bf16") for k, v in graphs.items()}
+    case = vb.case_for("192x288", cfg)
+    bf16 = vb.measure_case(case, tower, runners, cfg, rounds=1, gate=vb.layer_gate(vb.bench_precision("bf16")))
+    assert all(p["passed"] for p in bf16["parity"].values()), bf16["parity"]
+    strict = vb.measure_case(case, tower, runners, cfg, rounds=1, gate=vb.layer_gate(vb.bench_precision("fp32")))
+    assert not any(p["passed"] for p in strict["parity"].values())
+    assert min(p["max_abs_rel"] for p in strict["parity"].values()) > 1e-3
 
 
 def test_bench_perf_times_the_whole_encoder_only_where_a_call_takes_seconds() -> None:
