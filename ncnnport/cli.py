@@ -551,9 +551,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="torch device of the torch eager column (default cpu; e.g. cuda, where the model's loop serves it)")
     p.add_argument("--precision", default="fp32", metavar="NAME",
                    help="runtime/precision.py name both ncnn loops run (the executable's --precision, the Python "
-                        "graphs' options): fp32 (default) or fp16-storage, or int8-weights (package-int8w, both loops "
-                        "in fp32 flags); the bound counts InnerProduct weights at that precision's width; torch "
-                        "stays fp32")
+                        "graphs' options): fp32 (default), fp16-storage or bf16 (ids reported, not gated), or "
+                        "int8-weights (package-int8w, both loops in fp32 flags); the bound counts InnerProduct "
+                        "weights at that precision's width; torch stays fp32")
     p.add_argument("--huge-pages", action="store_true",
                    help="decode models: both ncnn loops collapse their loaded weights onto 2 MiB pages (the "
                         "executables' --huge-pages, RuntimeOptions.huge_pages; the Python loop's pass also takes "

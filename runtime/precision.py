@@ -42,11 +42,14 @@ class Precision:
     def inner_product_weight_bytes(self) -> int:
         """Bytes per weight an ncnn InnerProduct reads per call on x86: 1 for the int8 package's
         matrix-vector projections (plus one fp32 scale per 128 weights, 3 % more, not counted),
-        2 under ``use_fp16_storage`` (the layer converts its weights to fp16 at load), else 4 (a
-        pnnx fp16-weights package is widened to fp32 when loaded). For the bandwidth bound."""
+        2 under ``use_fp16_storage`` (the layer converts its weights to fp16 at load) and under
+        ``use_bf16_storage`` (InnerProduct and Gemm convert their constant weights to bf16 at load,
+        ncnn 1.0.20261020 innerproduct_x86 / gemm_x86 ``create_pipeline_bf16s``, on every x86 CPU),
+        else 4 (a pnnx fp16-weights package is widened to fp32 when loaded). For the bandwidth
+        bound: a bf16 run counted at 4 bytes would read as faster than the memory allows."""
         if self.int8_weights:
             return 1
-        return 2 if self.flags.get("fp16_storage") else 4
+        return 2 if self.flags.get("fp16_storage") or self.flags.get("bf16_storage") else 4
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "mode": self.mode, "flags": dict(self.flags),

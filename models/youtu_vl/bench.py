@@ -44,7 +44,7 @@ PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100"
 # layers flat in context (P=1000 <= 1.1x P=100) and at >= 85 % of the bound at both positions,
 # and the vision encoder >= 1.5x torch at each size.
 PERF_TARGETS = [
-    *(PerfTarget(f"token (fp16 weights) vs torch fp32, P={p}", "decode", p, "ratio", at_least=3.0,
+    *(PerfTarget(f"token (2-byte weights: fp16 / bf16) vs torch fp32, P={p}", "decode", p, "ratio", at_least=3.0,
                  saturated_at_least=1.7, weight_bytes=2) for p in ("100", "1000")),
     PerfTarget("layers flat in context: ms P=1000 / P=100", "layers", "1000", "ncnn_ms", at_most=1.1,
                over_size="100"),

@@ -543,7 +543,7 @@ def test_int8_weights_run_their_package_with_the_executable_in_fp32_flags(fake_m
     assert report["precision"] == "int8-weights" and not any(report["precision_flags"].values())
     assert cpp_bench.report_stem(report) == "fake-bench-int8-weights" and report["passed"]
     # a package precision's ids are reported, not gated (two ncnn builds round its int8 Gemm apart)
-    assert report["ids_gated"] is False and cpp_bench.IDS_NOT_GATED in cpp_bench.markdown(report, "h")
+    assert report["ids_gated"] is False and cpp_bench.IDS_NOT_GATED["int8-weights"] in cpp_bench.markdown(report, "h")
     case = CppBenchCase("P=3", "decode", ["--ids", "1,2,3", "--prompt", "7", "--ran", "fp16-storage"],
                         lambda: DecodeRun("python", 7, [1, 2, 3], 0.3, 2))
     with pytest.raises(cpp_bench.BenchError, match="asked for --precision fp32, its result says it ran fp16-storage"):
@@ -573,7 +573,7 @@ def test_huge_pages_reach_the_executable_the_python_graphs_and_the_report(fake_m
 
 @pytest.mark.parametrize("argv, expected", [
     (["--huge-pages", "--vulkan"], "--huge-pages backs CPU weights; --vulkan keeps them on the device"),
-    (["--precision", "bf16"], "bench-cpp --precision bf16: the C++ executables run fp32, fp16-storage, int8-weights"),
+    (["--precision", "fp16-packed"], "bench-cpp --precision fp16-packed: the C++ executables run fp32, fp16-storage, bf16, int8-weights"),
     (["--precision", "int8-weights", "--vulkan"], "int8-weights is a CPU setting; --vulkan runs fp32"),
     (["--precision", "fp16-storage", "--vulkan"], "fp16-storage is a CPU setting; --vulkan runs fp32"),
 ])

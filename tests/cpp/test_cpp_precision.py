@@ -58,7 +58,7 @@ def test_the_cpp_table_is_runtime_precision_py(cpp_exe):
     table = cpp_table(cpp_exe)
     accepted = {p["name"]: p for p in table["accepted"]}
     assert [p["name"] for p in table["accepted"]][0] == "fp32"
-    assert {"fp32", "fp16-storage"} <= set(accepted)
+    assert {"fp32", "fp16-storage", "bf16"} <= set(accepted)
     assert set(accepted) | set(table["refused"]) == set(NAMES) and not set(accepted) & set(table["refused"])
     for name, p in accepted.items():
         want = PRECISIONS[name]
@@ -78,10 +78,10 @@ def test_bench_cpp_offers_what_the_executables_accept(cpp_exe):
 # refusals: one line naming the accepted ones, exit 2
 
 
-@pytest.mark.parametrize("name", ["fp16", "bf16", "fp16-weights", "FP32"])
+@pytest.mark.parametrize("name", ["fp16", "fp16-packed", "fp16-weights", "FP32"])
 def test_verify_refuses_a_precision_it_does_not_run(cpp_exe, package, name):
     line = one_line_exit_2(run(cpp_exe, "verify", package("qwen3-asr"), "--precision", name),
-                           f"--precision '{name}'", "accepts fp32, fp16-storage")
+                           f"--precision '{name}'", "accepts fp32, fp16-storage, bf16")
     assert line.startswith("verify: ")
     if name in PRECISIONS:  # a runtime/precision.py name: the reason too
         assert f"({name}: " in line
@@ -191,6 +191,34 @@ def test_fp16_storage_on_a_derived_package_is_judged_in_its_weights_precision(cp
     assert cpp.returncode == (0 if all(v[0] == "PASS" for v in py_rows.values()) else 1)
 
 
+def test_bf16_verify_is_judged_as_bf16_like_the_python_verify(cpp_exe, package):
+    """bf16 storage rounds the blobs and weights of every layer with a bf16 path (ncnn casts at
+    the boundaries and at extract): judged by the policy's bf16 mode, row for row as the Python
+    verify under the same options, and every graph with a matrix layer errs > 10x more than in
+    the fp32 verify (the flag reached ncnn)."""
+    pkg = package("qwen3-asr")
+    cpp = run(cpp_exe, "verify", pkg, "--precision", "bf16")
+    assert cpp.returncode == 0, cpp.stdout + cpp.stderr
+    assert cpp.stdout.splitlines()[0] == f"## verify {pkg} (bf16_storage/t1; judged as bf16; CPU)"
+    mode, py_rows = python_rows(pkg, "bf16")
+    assert mode == "bf16"
+    cpp_rows = rows(cpp.stdout)
+    assert cpp_rows and {k: v[0] for k, v in cpp_rows.items()} == {k: v[0] for k, v in py_rows.items()}
+    assert all(status == "PASS" for status, _ in cpp_rows.values())
+    fp32 = rows(run(cpp_exe, "verify", pkg).stdout)
+    assert set(fp32) == set(cpp_rows)
+    # ncnn's x86 Embed has no bf16 path: the embedding graph alone stays bitwise fp32
+    embed_only = {p.name.split(".")[0] for p in (pkg / "ncnn").glob("*.ncnn.param")
+                  if ".gpu." not in p.name and "\nEmbed " in p.read_text()
+                  and not any(f"\n{t} " in p.read_text() for t in ("Gemm", "InnerProduct", "Convolution"))}
+    assert embed_only == {"embed"}
+    for name, (_, detail) in cpp_rows.items():
+        if name.split("[")[0] in embed_only:
+            assert detail == fp32[name][1], (name, detail, fp32[name])
+        else:
+            assert worst(detail) > 10 * worst(fp32[name][1]), (name, detail, fp32[name])
+
+
 # ---------------------------------------------------------------------------------------------
 # a run records its precision; C++ and Python agree token for token under it
 
@@ -274,6 +302,41 @@ def test_youtu_vl_run_records_its_precision_and_equals_the_python_loop(build_dir
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3-asr", "youtu-vl"])
+def test_bf16_runs_every_graph_in_bf16_and_steps_the_kernels_aside(build_dir, package, model, tmp_path):
+    """bf16 is the precision that makes the vision encoder fast (README, "Youtu-VL vision"). A
+    run under it (Youtu-VL with an image of two unequal windows: every vision segment and the
+    merger) reads the bf16 flag back from every net it opened, runs the prompt graphs for the
+    steps (no fp16 decode variants), and ncnnport's one-row kernels step aside for ncnn's bf16
+    paths. Its ids are not compared with the Python wheel's: the two builds' bf16 kernels round
+    differently (bench-cpp IDS_NOT_GATED); the golden vectors are gated by the verify test above."""
+    from ncnnport.models.youtu_vl.fixtures import synthetic_image
+
+    pkg, out = package(model), tmp_path / "o.json"
+    if model == "youtu-vl":
+        image = tmp_path / "two_windows.png"
+        synthetic_image(180, 270, seed=3).save(image)
+        argv = [build_dir / "ncnnport-youtu-vl", "--prompt", "What is in the picture?", "--image", image]
+    else:
+        import soundfile as sf
+
+        from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+
+        audio = tmp_path / "a.wav"
+        sf.write(str(audio), synth_speechlike(3.0, seed=5), 16000, subtype="FLOAT")
+        argv = [build_dir / "ncnnport-qwen3-asr", "--audio", audio]
+    res = run(*argv, "--package", pkg, "--max-new-tokens", "16", "--json-out", out, "--precision", "bf16")
+    assert res.returncode == 0, res.stderr
+    timing = json.loads(out.read_text())["timing"]
+    assert timing["precision"] == "bf16"
+    assert timing["precision_flags"] == {k: k == "bf16_storage" for k in PRECISION_FIELDS}
+    if model == "youtu-vl":  # (the Qwen3-ASR run names no graphs: it has no variants to choose)
+        assert not any(g.endswith(".decode") for g in timing["graphs"])
+        assert any(g.startswith("vision_seg") for g in timing["graphs"]) and "merger" in timing["graphs"]
+    assert timing.get("gemv_calls", 0) == 0 and timing.get("int8_gemv_calls", 0) == 0
+
+
+@pytest.mark.slow
 def test_youtu_vl_fp16_storage_refuses_a_package_without_decode_variants(build_dir, package, tmp_path):
     """A package whose layers and head declare no ``decode`` variant would decode fp16 storage on
     fp32-weight Gemms: refused in one line naming the spec (runtime/variants.with_variant raises
@@ -298,14 +361,14 @@ def test_youtu_vl_fp16_storage_refuses_a_package_without_decode_variants(build_d
 
 @pytest.mark.slow
 def test_seedvr2_run_records_the_flags_its_graphs_carried(build_dir, package, tmp_path):
-    """The image loop too: --precision fp16-storage runs a packaged case and its JSON (top level)
-    names the precision and the flags its nets carried; fp32 says fp32."""
+    """The image loop too: --precision fp16-storage / bf16 runs a packaged case and its JSON (top
+    level) names the precision and the flags its nets carried; fp32 says fp32."""
     from ncnnport.runtime.precision import get
 
     pkg = package("seedvr2")
     case = sorted(p.parent for p in (pkg / "cases").glob("*/case.json"))[0]
     area = json.loads((case / "case.json").read_text())["args"]["area"]
-    for name in ("fp16-storage", "fp32"):
+    for name in ("fp16-storage", "bf16", "fp32"):
         out = tmp_path / name
         res = run(build_dir / "ncnnport-seedvr2", "--package", pkg, "--input", case / "input.png", "--output",
                   out / "frames", "--noise", case / "noise.npz", "--area", str(area), "--json-out", out / "run.json",

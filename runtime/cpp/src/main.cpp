@@ -10,7 +10,7 @@
 //   ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //                                              manifest + every graph's golden vectors through
 //                                              ncnn::Net, judged as `ncnnport verify` judges
-//                                              (--precision: fp32 or fp16-storage, precision.h;
+//                                              (--precision: fp32, fp16-storage or bf16, precision.h;
 //                                              a reduced one judged by the policy's mode of it)
 //   ncnnport-cpp precisions                    the precisions this runtime accepts (flags, mode)
 //                                              and the runtime/precision.py names it refuses (JSON)

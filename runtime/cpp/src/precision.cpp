@@ -23,7 +23,9 @@ const std::vector<CpuPrecision>& cpu_precisions() {
         CpuPrecision fp32{"fp32", "fp32"};
         CpuPrecision fp16_storage{"fp16-storage", "fp16"};
         fp16_storage.fp16_storage = true;
-        return std::vector<CpuPrecision>{fp32, fp16_storage};
+        CpuPrecision bf16{"bf16", "bf16"};
+        bf16.bf16_storage = true;
+        return std::vector<CpuPrecision>{fp32, fp16_storage, bf16};
     }();
     return table;
 }
@@ -32,7 +34,6 @@ const std::vector<std::pair<std::string, std::string>>& refused_precisions() {
     static const std::vector<std::pair<std::string, std::string>> refused = {
         {"fp16-packed", "ncnn flags the C++ runtime is not tested with"},
         {"fp16-arithmetic", "ncnn flags the C++ runtime is not tested with"},
-        {"bf16", "bf16 blobs in most x86 layers: not tested with the C++ runtime"},
         {"fp16-weights", "a package's weights (model.json precision), not an ncnn option: run that package in fp32"},
         {"int8-weights", "a package's weights (model.json precision), not an ncnn option: run that package in fp32"},
     };

@@ -2,7 +2,7 @@
 //
 //   ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan]
 //                      [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]
-//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
+//                      [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
 //   ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]
 //
 // The flow of models/qwen3_asr/packaged.py: manifest check, audio -> mono 16 kHz -> official
@@ -58,7 +58,7 @@ using ncnnport::UsageError;
 const char* kUsage =
     "usage: ncnnport-qwen3-asr --package DIR --audio FILE [--language NAME] [--threads N] [--vulkan [--host-kv]]\n"
     "                          [--max-new-tokens N] [--max-chunk-seconds S] [--json-out FILE] [--no-check]\n"
-    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n"
+    "                          [--mel-out FILE] [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n"
     "       ncnnport-qwen3-asr --package DIR --verify [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n";
 
 // --verify judges the package alone: a transcription option beside it would be silently unused.

@@ -2,7 +2,7 @@
 //
 //   ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz
 //                    [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]
-//                    [--json-out FILE] [--precision fp32|fp16-storage]
+//                    [--json-out FILE] [--precision fp32|fp16-storage|bf16]
 //   ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan] [--precision NAME]
 //
 // Writes DIR/frame_00000.png ... (DIR new or empty). Exit codes: 0 ok, 1 a failure while running
@@ -54,7 +54,7 @@ struct Args {
 const char* kUsage =
     "usage: ncnnport-seedvr2 --package DIR --input IMAGE|FRAME_DIR --output DIR --noise NOISE.npz\n"
     "                        [--area PIXELS] [--threads N] [--vulkan] [--no-colour-fix] [--no-check]\n"
-    "                        [--json-out FILE] [--dump-stages DIR] [--precision fp32|fp16-storage]\n"
+    "                        [--json-out FILE] [--dump-stages DIR] [--precision fp32|fp16-storage|bf16]\n"
     "       ncnnport-seedvr2 --package DIR --verify [--threads N] [--vulkan] [--precision NAME]\n";
 
 int64_t positive(const std::string& flag, const std::string& v) {

@@ -4,7 +4,7 @@
 //   ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
-//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
+//                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -56,7 +56,7 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n";
+    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;

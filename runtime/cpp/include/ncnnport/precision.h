@@ -6,12 +6,16 @@
 // must mean the same thing by a name. `ncnnport-cpp precisions` prints this table and
 // tests/cpp/test_cpp_precision.py holds it against runtime/precision.py's PRECISIONS (every Python
 // name either accepted here with equal flags and mode, or refused with its reason), so the two
-// cannot drift. Accepted: fp32 and fp16-storage (ncnn's x86 InnerProduct converts its weights to
+// cannot drift. Accepted: fp32, fp16-storage (ncnn's x86 InnerProduct converts its weights to
 // fp16 at load and reads half the bytes; blobs and arithmetic stay fp32; ncnnport's gemv overwrite
-// converts them the same way). Refused: fp16-packed / fp16-arithmetic / bf16 (flags no C++ test
-// covers; bf16 changes the blobs of most x86 layers) and the derived packages' names (their
-// weights are a package, not an ncnn option). Vulkan runs fp32 only (the GPU decode's blobs are
-// float32); a reduced precision there is refused.
+// converts them the same way) and bf16 (bf16 blobs and weights in every ncnn layer that has a bf16
+// path, which ncnn casts to and from at the layer boundaries and at extract; on AVX-512 BF16 CPUs
+// the Gemms run bf16 dot products: the Youtu-VL vision encoder 2.5-3.3x torch fp32 on one EPYC
+// thread, README. ncnnport's overwrites step aside for bf16 blobs: the gemv and int8 kernels
+// refuse the option, the decode MatMul takes fp32 elements only). Refused: fp16-packed /
+// fp16-arithmetic (flags no C++ test covers) and the derived packages' names (their weights are a
+// package, not an ncnn option). Vulkan runs fp32 only (the GPU decode's blobs are float32); a
+// reduced precision there is refused.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -37,7 +41,7 @@ struct CpuPrecision {
 const std::vector<CpuPrecision>& cpu_precisions();
 // runtime/precision.py's other names with why the C++ runtime refuses each.
 const std::vector<std::pair<std::string, std::string>>& refused_precisions();
-// "fp32, fp16-storage": the accepted names, for messages.
+// "fp32, fp16-storage, bf16": the accepted names, for messages.
 std::string cpu_precision_names();
 
 // The precision called `name` for a run on the CPU (`vulkan` false) or on Vulkan. Throws
