@@ -12,8 +12,9 @@ CKPT ?=
 LAYERS ?=
 ARGS ?=
 PRECISION ?=
-# the speed table runs once per entry (same vocabulary as PRECISION)
-PERF_PRECISIONS ?= fp32 fp16-storage
+# the speed table runs once per entry (same vocabulary as PRECISION); bf16: the Youtu-VL vision
+# encoder meets its target there (README, "Youtu-VL vision")
+PERF_PRECISIONS ?= fp32 fp16-storage bf16
 STAMP := $(VENV)/.ncnnport-installed
 
 MODEL_OPTS = $(MODEL) --preset $(PRESET) $(if $(CKPT),--ckpt $(CKPT)) $(if $(LAYERS),--layers $(LAYERS))
