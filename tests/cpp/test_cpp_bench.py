@@ -132,6 +132,28 @@ def test_the_bound_of_fp16_storage_counts_2_byte_inner_product_weights():
     assert "2000 MB of fp32 weights per token" in "\n".join(cpp_bench.bound_lines({"rows": [fp32], "threads": 1}))
 
 
+def test_flatness_is_the_token_at_the_longest_prompt_over_the_shortest():
+    """Issue 17 item 2 on the shipped loop: C++ median ms/token at the longest prompt over the
+    shortest, <= 1.1; reported under the bound table and in the JSON; no verdict from one size."""
+    ids = [5, 6, 7, 8]
+
+    def row(label: str, prompt: int, decode_s: float) -> dict:
+        runs = {"cpp": [run("cpp", ids, decode_s, decode_s, prompt)] * 3,
+                "python": [run("python", ids, 0.3, prompt=prompt)] * 3}
+        r = cpp_bench.decode_row(label, runs, new_tokens=4)
+        cpp_bench.add_bound(r, 1_000_000_000, 20.0)
+        return r
+
+    flat = cpp_bench.flatness([row("P=1000", 1000, 0.315), row("P=100", 100, 0.3)])
+    assert (flat["short"], flat["long"], flat["met"]) == ("P=100", "P=1000", True)
+    assert flat["ratio"] == pytest.approx(1.05)
+    steep = cpp_bench.flatness([row("P=100", 100, 0.3), row("P=1000", 1000, 0.36)])
+    assert steep["ratio"] == pytest.approx(1.2) and not steep["met"]
+    lines = "\n".join(cpp_bench.bound_lines({"rows": [row("P=100", 100, 0.3)], "threads": 1, "flatness": steep}))
+    assert "Flat in context: C++ ms/token at P=1000 / at P=100 = 1.20 (target <= 1.1: not met)." in lines
+    assert cpp_bench.flatness([row("P=100", 100, 0.3)]) is None
+
+
 def test_a_differing_id_or_a_large_overhead_is_reported():
     runs = {"cpp": [run("cpp", [1, 2, 3], 0.2, 0.1)] * 3, "python": [run("python", [1, 2, 4], 0.2)] * 3}
     row = cpp_bench.decode_row("P=100", runs, new_tokens=3)
