@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ncnnport.runtime.precision import NAMES, PRECISION_FIELDS, PRECISIONS
+from ncnnport.runtime.precision import get as get_precision
 from tests.cpp.verify_table import one_line_exit_2, rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,21 +131,30 @@ def worst(detail: str) -> float:
     return float(re.fullmatch(r"relative max_abs (\S+)", detail).group(1))
 
 
-def test_fp16_storage_verify_passes_judged_as_fp16_like_the_python_verify(cpp_exe, package):
-    pkg = package("qwen3-asr")
-    cpp = run(cpp_exe, "verify", pkg, "--precision", "fp16-storage")
+def verified_like_python(cpp_exe: Path, pkg: Path, precision: str, mode: str) -> tuple[dict, dict]:
+    """``verify --precision`` on ``pkg``: it passes, its heading names the options and the judging
+    mode, and its rows' verdicts are the Python verify's under the same options, row for row.
+    Returns (the rows, the same package's fp32 C++ rows) for the caller's per-graph checks."""
+    cpp = run(cpp_exe, "verify", pkg, "--precision", precision)
     assert cpp.returncode == 0, cpp.stdout + cpp.stderr
-    assert cpp.stdout.splitlines()[0] == f"## verify {pkg} (fp16_storage/t1; judged as fp16; CPU)"
-    mode, py_rows = python_rows(pkg, "fp16-storage")
-    assert mode == "fp16"
+    label = get_precision(precision).options().label.split("/")[0]
+    assert cpp.stdout.splitlines()[0] == f"## verify {pkg} ({label}/t1; judged as {mode}; CPU)"
+    py_mode, py_rows = python_rows(pkg, precision)
+    assert py_mode == mode
     cpp_rows = rows(cpp.stdout)
     assert cpp_rows and {k: v[0] for k, v in cpp_rows.items()} == {k: v[0] for k, v in py_rows.items()}
     assert all(status == "PASS" for status, _ in cpp_rows.values())
+    fp32 = rows(run(cpp_exe, "verify", pkg).stdout)
+    assert set(fp32) == set(cpp_rows)
+    return cpp_rows, fp32
+
+
+def test_fp16_storage_verify_passes_judged_as_fp16_like_the_python_verify(cpp_exe, package):
+    pkg = package("qwen3-asr")
+    cpp_rows, fp32 = verified_like_python(cpp_exe, pkg, "fp16-storage", "fp16")
     # the flag reached ncnn, and only its InnerProducts (on x86 the one layer that reads fp16
     # weights; Gemm, Convolution, Embed and the blobs stay fp32): against the C++ fp32 verify of
     # the same package, a graph with an InnerProduct errs > 10x more, any other is unchanged
-    fp32 = rows(run(cpp_exe, "verify", pkg).stdout)
-    assert set(fp32) == set(cpp_rows)
     with_ip = {p.name.split(".")[0] for p in (pkg / "ncnn").glob("*.ncnn.param")
                if ".gpu." not in p.name and "\nInnerProduct " in p.read_text()}
     assert {"lm_head", "decode_layer0"} <= with_ip and "prefill_layer0" not in with_ip
@@ -197,16 +207,7 @@ def test_bf16_verify_is_judged_as_bf16_like_the_python_verify(cpp_exe, package):
     verify under the same options, and every graph with a matrix layer errs > 10x more than in
     the fp32 verify (the flag reached ncnn)."""
     pkg = package("qwen3-asr")
-    cpp = run(cpp_exe, "verify", pkg, "--precision", "bf16")
-    assert cpp.returncode == 0, cpp.stdout + cpp.stderr
-    assert cpp.stdout.splitlines()[0] == f"## verify {pkg} (bf16_storage/t1; judged as bf16; CPU)"
-    mode, py_rows = python_rows(pkg, "bf16")
-    assert mode == "bf16"
-    cpp_rows = rows(cpp.stdout)
-    assert cpp_rows and {k: v[0] for k, v in cpp_rows.items()} == {k: v[0] for k, v in py_rows.items()}
-    assert all(status == "PASS" for status, _ in cpp_rows.values())
-    fp32 = rows(run(cpp_exe, "verify", pkg).stdout)
-    assert set(fp32) == set(cpp_rows)
+    cpp_rows, fp32 = verified_like_python(cpp_exe, pkg, "bf16", "bf16")
     # ncnn's x86 Embed has no bf16 path: the embedding graph alone stays bitwise fp32
     embed_only = {p.name.split(".")[0] for p in (pkg / "ncnn").glob("*.ncnn.param")
                   if ".gpu." not in p.name and "\nEmbed " in p.read_text()
