@@ -137,8 +137,8 @@ def test_flatness_is_the_token_at_the_longest_prompt_over_the_shortest():
     shortest, <= 1.1; reported under the bound table and in the JSON; no verdict from one size."""
     ids = [5, 6, 7, 8]
 
-    def row(label: str, prompt: int, decode_s: float) -> dict:
-        runs = {"cpp": [run("cpp", ids, decode_s, decode_s, prompt)] * 3,
+    def row(label: str, prompt: int, decode_s: float, spread: float = 0.0) -> dict:
+        runs = {"cpp": [run("cpp", ids, decode_s + d, decode_s + d, prompt) for d in (-spread, 0.0, spread)],
                 "python": [run("python", ids, 0.3, prompt=prompt)] * 3}
         r = cpp_bench.decode_row(label, runs, new_tokens=4)
         cpp_bench.add_bound(r, 1_000_000_000, 20.0)
@@ -146,11 +146,13 @@ def test_flatness_is_the_token_at_the_longest_prompt_over_the_shortest():
 
     flat = cpp_bench.flatness([row("P=1000", 1000, 0.315), row("P=100", 100, 0.3)])
     assert (flat["short"], flat["long"], flat["met"]) == ("P=100", "P=1000", True)
-    assert flat["ratio"] == pytest.approx(1.05)
-    steep = cpp_bench.flatness([row("P=100", 100, 0.3), row("P=1000", 1000, 0.36)])
+    assert flat["ratio"] == pytest.approx(1.05) and flat["rounds_range"] == pytest.approx([1.05, 1.05])
+    steep = cpp_bench.flatness([row("P=100", 100, 0.3), row("P=1000", 1000, 0.36, spread=0.03)])
     assert steep["ratio"] == pytest.approx(1.2) and not steep["met"]
+    assert steep["rounds_range"] == pytest.approx([1.1, 1.3])  # a load between the blocks shows here
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row("P=100", 100, 0.3)], "threads": 1, "flatness": steep}))
-    assert "Flat in context: C++ ms/token at P=1000 / at P=100 = 1.20 (target <= 1.1: not met)." in lines
+    assert ("Flat in context: C++ ms/token at P=1000 / at P=100 = 1.20 (medians; the rounds' extremes give "
+            "1.10-1.30; target <= 1.1: not met).") in lines
     assert cpp_bench.flatness([row("P=100", 100, 0.3)]) is None
 
 
