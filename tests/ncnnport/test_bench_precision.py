@@ -123,7 +123,10 @@ def test_torch_threads_restores_on_error() -> None:
     assert torch.get_num_threads() == before
 
 
-def test_inner_product_weight_width_follows_fp16_storage_and_int8_weights_only() -> None:
+def test_inner_product_weight_width_follows_fp16_bf16_storage_and_int8_weights() -> None:
+    """Bytes per matrix weight as ncnn keeps them on x86: fp16 storage converts InnerProduct weights
+    to fp16, bf16 storage InnerProduct and Gemm weights to bf16 (at 4 bytes a bf16 run would read as
+    faster than memory allows), int8-weights 1; a pnnx fp16-weights package is widened to fp32."""
     widths = {n: precision.get(n).inner_product_weight_bytes for n in precision.NAMES}
-    assert widths == {"fp32": 4, "fp16-storage": 2, "fp16-packed": 2, "fp16-arithmetic": 2, "bf16": 4,
+    assert widths == {"fp32": 4, "fp16-storage": 2, "fp16-packed": 2, "fp16-arithmetic": 2, "bf16": 2,
                       "fp16-weights": 4, "int8-weights": 1}

@@ -79,12 +79,3 @@ def test_models_write_no_fallback_gates() -> None:
     found = [hit for f in sorted(MODELS.rglob("*.py")) for hit in _literal_gates(f)]
     assert not found, f"gates written in model code instead of policy.json: {found}"
 
-
-def test_the_bound_width_is_what_ncnn_keeps_the_weights_in() -> None:
-    """Bytes per matrix weight a decode call reads on x86, for the bandwidth bound: fp16 storage
-    converts InnerProduct weights to fp16, bf16 storage InnerProduct and Gemm weights to bf16 (a
-    bf16 run counted at 4 bytes would read as faster than memory allows), int8-weights 1 byte; a
-    pnnx fp16-weights package is widened to fp32 at load."""
-    widths = {name: precision.get(name).inner_product_weight_bytes for name in precision.NAMES}
-    assert widths["fp32"] == 4 and widths["fp16-weights"] == 4 and widths["int8-weights"] == 1
-    assert widths["fp16-storage"] == widths["fp16-packed"] == widths["bf16"] == 2
