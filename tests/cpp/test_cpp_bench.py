@@ -747,3 +747,19 @@ def test_seedvr2_bench_on_vulkan(tmp_path, monkeypatch):
     assert row["frames_cpp_equal_python"] or row["frames_cpp_vs_python"]["max_level_difference"] <= 2
     assert set(row["stage_seconds"]) == {"cpp", "python", "torch"} and "load_graphs" in row["stage_seconds"]["cpp"][0]
     assert "| 64x64 | C++ |" in report["table"] and (tmp_path / "reports" / "seedvr2-vulkan.md").is_file()
+
+
+def test_child_peak_is_not_lent_an_earlier_childs_peak():
+    """An earlier child reaped during the body raises the lifetime children peak (getrusage);
+    that peak is not the sampled child's. The big child allocates ~300 MB and exits unwaited; it
+    is reaped inside the body, where a small child runs long enough to be sampled."""
+    import subprocess
+    import time
+
+    big = subprocess.Popen([sys.executable, "-c", "b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096])"])
+    while not os.path.exists(f"/proc/{big.pid}/stat") or open(f"/proc/{big.pid}/stat").read().split()[2] != "Z":
+        time.sleep(0.01)
+    with cpp_bench.ChildPeak() as peak:
+        big.wait()  # reaped here: the lifetime children peak jumps to ~300 MB
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.5)"], check=True)
+    assert 0 < peak.peak < 150 << 20, peak.peak / 2**20
