@@ -551,7 +551,7 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="torch device of the torch eager column (default cpu; e.g. cuda, where the model's loop serves it)")
     p.add_argument("--precision", default="fp32", metavar="NAME",
                    help="runtime/precision.py name both ncnn loops run (the executable's --precision, the Python "
-                        "graphs' options): fp32 (default), fp16-storage or bf16 (ids reported, not gated), or "
+                        "graphs' options): fp32 (default), fp16-storage or bf16, or "
                         "int8-weights (package-int8w, both loops in fp32 flags); the bound counts InnerProduct "
                         "weights at that precision's width; torch stays fp32")
     p.add_argument("--huge-pages", action="store_true",

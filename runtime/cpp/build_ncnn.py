@@ -9,8 +9,9 @@ ISA copy) takes over 30 minutes on a 2-core machine. So this script
   its version, so ``pip download ncnn==1.0.20261020`` rejects its own file),
 * keeps only the layer types our packages use (``ncnn_layers.txt``) plus every layer those layers
   or ncnn's core create internally (closure found by scanning the sources for ``LayerType::X``),
-* keeps the x86 runtime-dispatch copies for AVX/FMA/F16C/AVX2 and AVX-512 (``--isa avx2`` drops
-  AVX-512, ``--isa all`` keeps ncnn's defaults: VNNI, FMA4, XOP...),
+* keeps the x86 runtime-dispatch copies the wheel dispatches to on current CPUs: AVX/FMA/F16C/AVX2,
+  AVX-512 with its VNNI/BF16/FP16 copies, AVX-VNNI (``--isa avx2`` drops every AVX-512 and VNNI
+  copy, ``--isa all`` also keeps AMD's FMA4 and XOP),
 * builds in a temporary folder and renames it into ``~/.cache/ncnnport/ncnn-<version>-<hash>/``
   only after ``cmake --install`` succeeded, so a failed build never leaves a half cache.
 
@@ -66,11 +67,15 @@ ISA_OFF = {
     "avx2": ("NCNN_FMA4", "NCNN_XOP", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8", "NCNN_AVXVNNIINT16",
              "NCNN_AVXNECONVERT", "NCNN_AVX512", "NCNN_AVX512VNNI", "NCNN_AVX512BF16",
              "NCNN_AVX512FP16"),
-    # "avx2" plus ncnn's AVX-512 (F/CD/BW/DQ/VL) copy: the copy the PyPI wheel dispatches to on
-    # AVX-512 servers (Xeon since Skylake-SP, Zen 4); its VNNI/BF16/FP16 copies stay off (int8 and
-    # bf16/fp16 arithmetic kernels, which no package runs on the CPU).
-    "avx512": ("NCNN_FMA4", "NCNN_XOP", "NCNN_AVXVNNI", "NCNN_AVXVNNIINT8", "NCNN_AVXVNNIINT16",
-               "NCNN_AVXNECONVERT", "NCNN_AVX512VNNI", "NCNN_AVX512BF16", "NCNN_AVX512FP16"),
+    # Every copy the PyPI wheel dispatches to on a CPU of the last decade: AVX-512 (F/CD/BW/DQ/VL)
+    # and its VNNI / BF16 / FP16 copies, AVX-VNNI and its INT8 / INT16 / NE-CONVERT copies; only
+    # AMD's pre-Zen FMA4 and XOP stay off. Why all of them: ncnn dispatches per CPU, so a copy the
+    # wheel has and this build lacks runs other kernels there. Without the AVX512BF16 copy a
+    # `--precision bf16` run on an AVX-512 BF16 CPU (Zen 4, Xeon since Cooper Lake) took ncnn's
+    # generic bf16 path, with other bits than the Python loop's (tokens parted at 17 of 40) and
+    # without the bf16 dot products the vision encoder's speed rests on; int8-weights likewise
+    # ran another int8 Gemm than the wheel's VNNI one.
+    "avx512": ("NCNN_FMA4", "NCNN_XOP"),
     "all": (),
     "armv82": ("NCNN_ARM82DOT", "NCNN_ARM82FP16FML", "NCNN_ARM84BF16", "NCNN_ARM84I8MM", "NCNN_ARM86SVE",
                "NCNN_ARM86SVE2", "NCNN_ARM86SVEBF16", "NCNN_ARM86SVEI8MM", "NCNN_ARM86SVEF32MM"),

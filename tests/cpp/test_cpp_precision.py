@@ -225,8 +225,13 @@ def test_bf16_verify_is_judged_as_bf16_like_the_python_verify(cpp_exe, package):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "fp16-storage"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16-storage", "bf16"])
 def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_dir, package, precision, tmp_path):
+    """The executable's ids equal the Python wheel's loop under each precision. Under bf16 that
+    holds because this build has ncnn's AVX512BF16 copies, as the wheel does: the build without
+    them parted from the wheel at token 17 of these 40 on an AVX-512 BF16 CPU (the device's Xeon;
+    10 of 18 golden rows' errors differed), and gives the same 40 ids here, where no CPU copy
+    differs."""
     import soundfile as sf
 
     from ncnnport.fsutil import read_json
@@ -249,8 +254,8 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
     assert got["timing"]["precision"] == precision
     # read back from the nets the run opened (not the table): the flags reached every graph
     assert got["timing"]["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
-    if got["timing"]["gemv"].startswith("ncnnport-"):  # the overwrite ran (it reads fp16 weights under fp16 storage)
-        assert got["timing"]["gemv_calls"] > 0
+    if got["timing"]["gemv"].startswith("ncnnport-") and precision != "bf16":  # the overwrite ran (it reads
+        assert got["timing"]["gemv_calls"] > 0  # fp16 weights under fp16 storage; it steps aside under bf16)
     options = get(precision).options(RuntimeOptions(num_threads=1))
     asr = packaged.open_packaged(pkg, read_json(pkg / "model.json"), LazyModules(pkg, options=options))
     want = packaged.transcribe(asr, read_audio(audio), max_new_tokens=40)
@@ -309,8 +314,7 @@ def test_bf16_runs_every_graph_in_bf16_and_steps_the_kernels_aside(build_dir, pa
     run under it (Youtu-VL with an image of two unequal windows: every vision segment and the
     merger) reads the bf16 flag back from every net it opened, runs the prompt graphs for the
     steps (no fp16 decode variants), and ncnnport's one-row kernels step aside for ncnn's bf16
-    paths. Its ids are not compared with the Python wheel's: the two builds' bf16 kernels round
-    differently (bench-cpp IDS_NOT_GATED); the golden vectors are gated by the verify test above."""
+    paths. (Its ids against the Python wheel's: the qwen3-asr run test above, under bf16 too.)"""
     from ncnnport.models.youtu_vl.fixtures import synthetic_image
 
     pkg, out = package(model), tmp_path / "o.json"

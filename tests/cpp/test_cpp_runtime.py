@@ -206,6 +206,27 @@ def test_cache_hit_of_the_real_script_takes_seconds(tmp_path):
     assert "cache hit" in res.stderr and res.stdout.strip() == str(b.install_dir(options))
 
 
+def test_default_build_holds_the_x86_copies_the_wheel_dispatches_to():
+    """ncnn picks a kernel copy per CPU at run time, so a copy the PyPI wheel has and this build
+    lacks runs other kernels (other bits) on that CPU: without the AVX512BF16 copy a bf16 run on an
+    AVX-512 BF16 CPU took ncnn's generic bf16 path. The default build's Gemm and InnerProduct keep
+    every AVX-512 copy (F, VNNI, BF16, FP16) and AVX-VNNI's; only AMD's FMA4 / XOP are left out."""
+    b = build_script()
+    args = b.build_options(["Input"], False, b.default_isa("host"))["cmake_args"]
+    assert {a for a in args if a.startswith(("-DNCNN_AVX", "-DNCNN_FMA4", "-DNCNN_XOP"))} == \
+        {"-DNCNN_FMA4=OFF", "-DNCNN_XOP=OFF"}
+    options = b.build_options(b.read_layer_list(), False, b.default_isa("host"))
+    lib = b.install_dir(options) / "lib" / "libncnn.a"
+    if not b.cached(b.install_dir(options), options):
+        pytest.skip("ncnn not built yet (make cpp)")
+    members = set(subprocess.run(["ar", "t", str(lib)], capture_output=True, text=True, check=True).stdout.split())
+    # the copies ncnn 1.0.20261020 has of these two (src/layer/x86): InnerProduct has no VNNI one
+    for copy in ("gemm_x86_avx512", "gemm_x86_avx512vnni", "gemm_x86_avx512bf16", "gemm_x86_avxvnni",
+                 "innerproduct_x86_avx512", "innerproduct_x86_avx512bf16"):
+        assert f"{copy}.cpp.o" in members, copy
+    assert not any(m.endswith(("_fma4.cpp.o", "_xop.cpp.o")) for m in members)
+
+
 # ---------------------------------------------------------------------------------------------
 # ncnnport-cpp check
 
