@@ -24,14 +24,24 @@ from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
 CHECK = BUILD / "ncnnport-matmul-check"
-MAX_ROWS = 8  # kMatmulMaxRows (matmul_layer.h)
+STREAM_ROWS = 8  # kStreamMaxRows (matmul_layer.h): the stream kernels up to here
+MAX_ROWS = 64  # kMatmulMaxRows: the many-row kernels above STREAM_ROWS (AVX-512F), the built-in past it
 
 # (heads, M, K, N): Qwen3-ASR's decode (8 KV heads, 2 query heads each, d = 128) at a short and
 # a long context; query rows in every split the scores take (passes of 4, then 3, 2 or 1 rows:
 # M = 1-8); K through each of the kernels' steps (16-blocks, one 8-block, a scalar rest: 13, 20,
-# 24, 40); the most rows the kernel takes; 1 x 1 x 1.
-SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, MAX_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4),
+# 24, 40); the most rows the stream kernels take; 1 x 1 x 1.
+SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, STREAM_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4),
           (2, 6, 24, 9), (2, 7, 40, 5), (1, 4, 128, 33)]
+# The many-row kernels: Youtu-VL's MLA decode (one head, 32 query rows; latent 512 and rope 64
+# wide; both products, the weighted one also as the model has it: 1039 cache rows of 512) at a
+# short and a long context, and two new tokens (64 rows); query rows
+# in 1-4 vectors of 16 (9, 17, 40, 64), cache rows through the scores' tiles of 16 / 8 / 6 / 4
+# and a rest (N = 7, 101, 1039, 23, 35); weighted rows in groups of 8 and a rest of 1-7 (9, 17,
+# 40, 63); J (= N of the weighted product) through 32-wide slices, a 16-wide one and masked
+# rests (7, 23, 35, 48, 101); K odd and short (1, 13); two heads.
+MANY = [(1, 32, 512, 100), (1, 32, 512, 1039), (1, 32, 1039, 512), (1, 32, 64, 1039), (1, MAX_ROWS, 512, 101), (1, STREAM_ROWS + 1, 13, 7),
+        (1, 17, 20, 23), (2, 40, 1, 35), (2, 63, 40, 48), (1, 33, 16, 101)]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +63,36 @@ def test_decode_products_run_the_kernel_within_the_summation_bound(check, shape,
     assert out["kernel_calls"] == 1, out
     assert out["out_shape"] == [shape[0], shape[1], shape[3]], out
     assert out["max_diff_over_bound"] <= 1.0, out
+    if trans_b == 0:  # the weighted sums promise the k-ascending fused chain (matmul_layer.cpp)
+        assert out["equals_fma_chain"], out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_b", [1, 0])
+@pytest.mark.parametrize("shape", MANY, ids=lambda s: "x".join(map(str, s)))
+def test_many_query_rows_run_the_many_row_kernels_within_the_summation_bound(check, shape, trans_b, threads):
+    out = run_check(check, *shape, "--trans-b", str(trans_b), "--threads", str(threads), "--seed", "11")
+    assert out["out_shape"] == [shape[0], shape[1], shape[3]], out
+    if not out["many_rows"]:  # no AVX-512F: these products stay on ncnn's built-in
+        assert out["kernel_calls"] == 0 and out["bit_equal"], out
+        return
+    assert out["kernel_calls"] == 1, out
+    assert out["max_diff_over_bound"] <= 1.0, out
+    if trans_b == 0:  # the weighted sums promise the k-ascending fused chain (matmul_layer.cpp)
+        assert out["equals_fma_chain"], out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_many_row_kernels_give_the_same_bits_at_any_thread_count(check, trans_b, tmp_path):
+    """Each output is one tile's, in one order, however the cache rows or column slices are split."""
+    outs = [run_check(check, 1, 32, 40, 101, "--trans-b", str(trans_b), "--threads", str(t), "--seed", "3",
+                      "--dump", str(tmp_path / f"{t}.bin")) for t in (1, 2, 3)]
+    if not outs[0]["many_rows"]:
+        pytest.skip("this CPU lacks AVX-512F: the many-row kernels do not run")
+    assert all(o["kernel_calls"] == 1 for o in outs), outs
+    assert (tmp_path / "1.bin").read_bytes() == (tmp_path / "2.bin").read_bytes() == (tmp_path / "3.bin").read_bytes()
 
 
 @pytest.mark.slow
@@ -67,6 +107,15 @@ def test_check_refuses_a_bad_command_line(check):
     res = subprocess.run([str(check), "--heads", "0", "--m", "1", "--k", "1", "--n", "1"], capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 2 and "--heads" in res.stderr
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
 
 
 def thp_mode() -> str | None:
@@ -86,7 +135,8 @@ def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(bu
     plain = run_exe([*base, "--json-out", str(tmp_path / "plain.json"), "--ncnn-matmul"])
     assert [c["token_ids"] for c in ours["chunks"]] == [c["token_ids"] for c in plain["chunks"]]
     mine, theirs = ours["timing"], plain["timing"]
-    assert theirs["matmul"] == "ncnn" and theirs["matmul_calls"] == 0
+    assert theirs["matmul"] == "ncnn" and theirs["matmul_calls"] == 0 and theirs["matmul_many_rows"] is False
+    assert mine["matmul_many_rows"] is (mine["matmul"] != "ncnn" and "avx512f" in cpu_flags())
     if mine["matmul"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA: the MatMul overwrite is not registered")
     assert mine["matmul"] == "ncnnport-avx2"

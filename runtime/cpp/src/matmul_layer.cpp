@@ -7,9 +7,12 @@
 #include <mat.h>
 #include <paramdict.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <utility>
+#include <cstdint>
 #include <vector>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
@@ -105,6 +108,131 @@ MATMUL_TARGET void weighted_any(int M, const float* w, int K, const float* v, in
     }
 }
 
+// --- Many query rows (kStreamMaxRows < M <= kMatmulMaxRows): MLA's absorbed decode, where every
+// query head (32 on Youtu-VL) reads the one shared latent cache. There the product is
+// compute-bound (2 M flops per cache float), so the stream kernels above, which hold a few rows
+// and re-read the cache once per 4 of them, are not the shape; ncnn's Gemm packs the whole cache
+// on every call. These kernels hold every query row of a tile in registers, so each cache row is
+// read from memory once per call and meets all M rows there. AVX-512 only (16 lanes, 32
+// registers); on an AVX2-only CPU these products stay on the built-in.
+#define MATMUL_TARGET_512 __attribute__((target("avx512f,avx2,fma")))
+
+// Both products as one transposed kernel: out[m][n] = sum_k q[m][k] c(n, k), where c(n, k) is
+// c[n * cn + k * ck]: the cache rows for the scores (cn = K, ck = 1), the cache columns for the
+// weighted sums (cn = 1, ck = J). acc[t][v] holds out[16 v + lane][n + t]: the M query (or
+// weight) rows, packed k-major (qt[k][16 V]), are the vector operand, and each element of c is
+// broadcast once per tile. V vectors of rows (V = ceil(M / 16)) by T outputs: V * T
+// accumulators, V + T loads per V * T multiply-adds, no horizontal sums. Each output is one fused
+// chain over k ascending from zero, so the weighted sums are exactly weighted_any's chain.
+template <int V, int T>
+MATMUL_TARGET_512 void many_rows_tile(const float* qt, int k0, int k1, const float* c, size_t cn, size_t ck, float* part, bool first) {
+    __m512 acc[T][V];
+    for (int t = 0; t < T; ++t)
+        for (int v = 0; v < V; ++v) acc[t][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(part + (t * V + v) * 16);
+    for (int k = k0; k < k1; ++k) {
+        __m512 q[V];
+        for (int v = 0; v < V; ++v) q[v] = _mm512_loadu_ps(qt + static_cast<size_t>(k) * 16 * V + 16 * v);
+        const float* ck_row = c + static_cast<size_t>(k) * ck;
+        for (int t = 0; t < T; ++t) {
+            const __m512 x = _mm512_set1_ps(ck_row[t * cn]);
+            for (int v = 0; v < V; ++v) acc[t][v] = _mm512_fmadd_ps(x, q[v], acc[t][v]);
+        }
+    }
+    for (int t = 0; t < T; ++t)
+        for (int v = 0; v < V; ++v) _mm512_store_ps(part + (t * V + v) * 16, acc[t][v]);
+}
+
+// Outputs [n0, n1) of every row. k runs in chunks of kc. One chunk (every scores call): each tile
+// goes straight into the M output rows. Several (a weighted sum over more than kc cache rows):
+// the partial sums live transposed in `part` (16 V floats per output) between chunks, and within
+// a chunk every tile takes the chunk's k, so the cache rows (cn = 1, ck = J: each tile reads a
+// few floats per row) are read in one pass per chunk, whose rows the later tiles find in L2.
+// Storing and reloading a partial sum is exact, so each output stays one chain over k ascending.
+template <int V, int T>
+void many_rows_range(const float* qt, int M, int K, int kc, const float* c, size_t cn, size_t ck, int n0, int n1,
+                     float* part, float* out, int N) {
+    // A weighted sum's chunk is rows [k0, k1) of c, one contiguous block. The tiles walk it down
+    // its rows (a stride the hardware prefetchers do not follow from memory), so the block is
+    // prefetched into L2 in address order: the first before the first tile, each next one spread
+    // over the tiles of the one before (one sequential read, overlapped).
+    const bool by_columns = cn == 1 && ck > 1;
+    auto block = [&](int k0) { return std::make_pair(reinterpret_cast<const char*>(c + static_cast<size_t>(k0) * ck),
+                                                     static_cast<size_t>(std::min(K, k0 + kc) - k0) * ck * sizeof(float)); };
+    if (by_columns) {
+        const auto [p, bytes] = block(0);
+        for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+    }
+    if (K <= kc) {
+        alignas(64) float tile[T * 16 * V];
+        auto put = [&](int n, int cols) {
+            for (int m = 0; m < M; ++m)
+                for (int t = 0; t < cols; ++t) out[static_cast<size_t>(m) * N + n + t] = tile[t * 16 * V + m];
+        };
+        int n = n0;
+        for (; n + T <= n1; n += T) {
+            many_rows_tile<V, T>(qt, 0, K, c + n * cn, cn, ck, tile, true);
+            put(n, T);
+        }
+        for (; n < n1; ++n) {
+            many_rows_tile<V, 1>(qt, 0, K, c + n * cn, cn, ck, tile, true);
+            put(n, 1);
+        }
+        return;
+    }
+    const int tiles = (n1 - n0) / T + (n1 - n0) % T;
+    for (int k0 = 0; k0 < K; k0 += kc) {
+        const int k1 = std::min(K, k0 + kc);
+        const auto [next, next_bytes] = by_columns && k1 < K ? block(k1) : std::make_pair(static_cast<const char*>(nullptr), size_t{0});
+        const size_t per_tile = (next_bytes / 64 + tiles) / std::max(1, tiles) * 64;
+        size_t ahead = 0;
+        auto prefetch_some = [&]() {
+            for (const size_t end = std::min(next_bytes, ahead + per_tile); ahead < end; ahead += 64) _mm_prefetch(next + ahead, _MM_HINT_T1);
+        };
+        int n = n0;
+        for (; n + T <= n1; n += T) {
+            prefetch_some();
+            many_rows_tile<V, T>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0);
+        }
+        for (; n < n1; ++n) {
+            prefetch_some();
+            many_rows_tile<V, 1>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0);
+        }
+    }
+    for (int m = 0; m < M; ++m)
+        for (int n = n0; n < n1; ++n) out[static_cast<size_t>(m) * N + n] = part[(n - n0) * 16 * V + m];
+}
+
+// Outputs [n0, n1) of one head's product with M rows of q (M x K): q packed k-major and
+// zero-padded to 16 V lanes (64 KB for Youtu-VL's 32 x 512 queries, an L2-resident operand), then
+// the widest tile whose V * T accumulators fit the registers.
+void many_rows(int M, const float* q, int K, const float* c, size_t cn, size_t ck, int n0, int n1, float* out, int N) {
+    const int V = (M + 15) / 16;
+    // kc: the scores read whole cache rows (one chunk); a weighted sum's chunk of 256 cache rows is
+    // 512 KB at Youtu-VL's 512-wide latent, inside L2 on the machines measured (1-2 MB per core)
+    const int kc = ck == 1 ? K : 256;
+    // per-thread buffers kept across calls: a fresh block of this size (344 KB at 2685 cache rows)
+    // would come from mmap past glibc's threshold and be faulted in page by page on every call
+    thread_local std::vector<float> qt_buffer, part_buffer;
+    qt_buffer.resize(static_cast<size_t>(K) * 16 * V);
+    float* qt = qt_buffer.data();
+    for (int k = 0; k < K; ++k) {
+        float* row = qt + static_cast<size_t>(k) * 16 * V;
+        for (int m = 0; m < M; ++m) row[m] = q[static_cast<size_t>(m) * K + k];
+        for (int m = M; m < 16 * V; ++m) row[m] = 0.f;  // padding lanes: their outputs are never written
+    }
+    float* part = nullptr;
+    if (K > kc) {
+        part_buffer.resize(static_cast<size_t>(n1 - n0) * 16 * V + 16);
+        part = part_buffer.data() + (16 - reinterpret_cast<uintptr_t>(part_buffer.data()) / sizeof(float) % 16) % 16;  // 64-byte aligned
+    }
+    switch (V) {
+    case 1: many_rows_range<1, 16>(qt, M, K, kc, c, cn, ck, n0, n1, part, out, N); break;
+    case 2: many_rows_range<2, 8>(qt, M, K, kc, c, cn, ck, n0, n1, part, out, N); break;
+    case 3: many_rows_range<3, 6>(qt, M, K, kc, c, cn, ck, n0, n1, part, out, N); break;
+    default: many_rows_range<4, 4>(qt, M, K, kc, c, cn, ck, n0, n1, part, out, N); break;
+    }
+}
+
 class DecodeMatMul : public ncnn::Layer {
 public:
     DecodeMatMul() {
@@ -138,13 +266,28 @@ public:
         top.create(N, M, heads, 4u, opt.blob_allocator);
         if (top.empty()) return -100;
         const bool scores_case = trans_b_ != 0;
+        if (M <= kStreamMaxRows) {
 #pragma omp parallel for num_threads(opt.num_threads) schedule(static) if (opt.num_threads > 1)
-        for (int p = 0; p < heads; ++p) {
-            const float* a = A.channel(p);
-            const float* b = B.channel(p);
-            float* out = top.channel(p);
-            if (scores_case) scores_any(M, a, K, b, N, out);
-            else weighted_any(M, a, K, b, N, out);
+            for (int p = 0; p < heads; ++p) {
+                const float* a = A.channel(p);
+                const float* b = B.channel(p);
+                float* out = top.channel(p);
+                if (scores_case) scores_any(M, a, K, b, N, out);
+                else weighted_any(M, a, K, b, N, out);
+            }
+        } else {
+            // each head split into parts along its outputs' columns (cache rows for the scores,
+            // value columns for the weighted sums), so one head (MLA) still spreads over the
+            // threads; every output is one tile's, in one order, at any thread count
+            const int parts = std::max(1, std::min(opt.num_threads, N));
+#pragma omp parallel for collapse(2) num_threads(opt.num_threads) schedule(static) if (opt.num_threads > 1)
+            for (int p = 0; p < heads; ++p)
+                for (int part = 0; part < parts; ++part) {
+                    const int n0 = static_cast<int>(static_cast<int64_t>(N) * part / parts);
+                    const int n1 = static_cast<int>(static_cast<int64_t>(N) * (part + 1) / parts);
+                    const size_t cn = scores_case ? static_cast<size_t>(K) : 1, ck = scores_case ? 1 : static_cast<size_t>(N);
+                    many_rows(M, A.channel(p), K, B.channel(p), cn, ck, n0, n1, top.channel(p), N);
+                }
         }
         g_matmul_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
@@ -160,6 +303,7 @@ private:
         for (const ncnn::Mat* m : {&A, &B})
             if (m->dims != 3 || m->elempack != 1 || m->elemsize != 4 || m->empty()) return false;
         if (A.c != B.c || A.h < 1 || A.h > kMatmulMaxRows) return false;
+        if (A.h > kStreamMaxRows && !matmul_many_rows_supported()) return false;
         return trans_b_ ? B.w == A.w : B.h == A.w;
     }
 
@@ -174,6 +318,15 @@ private:
 bool matmul_layer_supported() {
 #if NCNNPORT_MATMUL_X86
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+bool matmul_many_rows_supported() {
+#if NCNNPORT_MATMUL_X86
+    static const bool yes = matmul_layer_supported() && __builtin_cpu_supports("avx512f");
+    return yes;
 #else
     return false;
 #endif

@@ -205,6 +205,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
             {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
+            // whether products of more than kStreamMaxRows rows (MLA's 32) run the AVX-512 kernels
+            {"matmul_many_rows", matmul_active(options) && matmul_many_rows_supported()},
             {"memory_data_shares", memory_data_shares()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},

@@ -2,7 +2,7 @@
 // MatMul on one random batched product, both ways (transB 1: scores q K^T, transB 0: weights V).
 //
 //   ncnnport-matmul-check --heads H --m M --k K --n N [--trans-b 0|1] [--threads T] [--seed S]
-//                         [--rounds R] [--cold]
+//                         [--rounds R] [--cold] [--dump PATH]
 //
 // Why: the overwrite must compute what the built-in computes up to fp32 summation order, and the
 // tests must see that its kernel ran rather than the built-in it delegates to. Both nets load the
@@ -17,8 +17,13 @@
 // own gain is measured without a model around it; --cold reads a 256 MB buffer before every
 // timed call, so the operands come from DRAM as they do in a decode step (the weights streamed
 // between two steps evict the K/V cache), not from the cache the previous call warmed.
-// Prints one JSON object: "registered", the shapes, "kernel_calls" (the overwrite's own products),
-// "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. Exit 0
+// Prints one JSON object: "registered", "many_rows" (whether M > kStreamMaxRows runs the
+// overwrite's kernels on this CPU), the shapes, "kernel_calls" (the overwrite's own products),
+// "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. With
+// --trans-b 0 also "equals_fma_chain": whether every output of the overwrite is bit for bit the
+// k-ascending chain of fused multiply-adds from zero, the order its weighted-sum kernels promise.
+// --dump PATH writes the overwrite's output (fp32, [heads, m, n]) there, so runs can be compared
+// bit for bit (e.g. at two thread counts). Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include <mat.h>
 #include <net.h>
@@ -28,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <string>
@@ -43,6 +49,7 @@ struct Args {
     int heads = 0, m = 0, k = 0, n = 0, trans_b = 1, threads = 1, rounds = 0;
     unsigned seed = 0;
     bool cold = false;
+    std::string dump;
 };
 
 Args parse(int argc, char** argv) {
@@ -62,6 +69,10 @@ Args parse(int argc, char** argv) {
         else if (f == "--rounds") a.rounds = value();
         else if (f == "--seed") a.seed = static_cast<unsigned>(value());
         else if (f == "--cold") a.cold = true;
+        else if (f == "--dump") {
+            if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
+            a.dump = argv[++i];
+        }
         else throw std::invalid_argument("unknown option " + f);
     }
     if (a.heads < 1 || a.m < 1 || a.k < 1 || a.n < 1 || a.threads < 1 || a.rounds < 0 || (a.trans_b != 0 && a.trans_b != 1))
@@ -116,7 +127,7 @@ int main(int argc, char** argv) {
         if (want.w != a.n || want.h != a.m || want.c != a.heads) throw std::runtime_error("output is not [heads, m, n]");
         const double u = std::ldexp(1.0, -24), gamma = (a.k + 1) * u / (1 - (a.k + 1) * u);
         double max_diff = 0.0, max_ratio = 0.0;
-        bool bit_equal = true;
+        bool bit_equal = true, equals_chain = true;
         for (int p = 0; p < a.heads; ++p) {
             const float* w = want.channel(p);
             const float* g = got.channel(p);
@@ -133,12 +144,26 @@ int main(int argc, char** argv) {
                     const double bound = 2 * gamma * s;
                     max_ratio = std::max(max_ratio, bound > 0 ? diff / bound : (diff > 0 ? INFINITY : 0.0));
                     bit_equal = bit_equal && std::memcmp(&w[i], &g[i], sizeof(float)) == 0;
+                    if (!a.trans_b) {
+                        float chain = 0.f;
+                        for (int k = 0; k < a.k; ++k) chain = std::fma(ap[m * a.k + k], bp[k * a.n + n], chain);
+                        equals_chain = equals_chain && std::memcmp(&chain, &g[i], sizeof(float)) == 0;
+                    }
                 }
         }
-        nlohmann::json out = {{"registered", ncnnport::matmul_layer_supported()}, {"heads", a.heads}, {"m", a.m}, {"k", a.k}, {"n", a.n}, {"trans_b", a.trans_b},
+        nlohmann::json out = {{"registered", ncnnport::matmul_layer_supported()},
+                              {"many_rows", ncnnport::matmul_many_rows_supported()}, {"heads", a.heads}, {"m", a.m}, {"k", a.k}, {"n", a.n}, {"trans_b", a.trans_b},
                               {"threads", a.threads}, {"out_shape", {want.c, want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
                               {"bit_equal", bit_equal}};
+        if (!a.trans_b) out["equals_fma_chain"] = equals_chain;
+        if (!a.dump.empty()) {
+            std::ofstream f(a.dump, std::ios::binary);
+            for (int p = 0; p < got.c; ++p)
+                f.write(reinterpret_cast<const char*>(static_cast<const float*>(got.channel(p))),
+                        static_cast<std::streamsize>(sizeof(float)) * got.w * got.h);
+            if (!f) throw std::runtime_error("cannot write " + a.dump);
+        }
         if (a.rounds > 0) {
             const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A, B); }, [&] { run(test, A, B); },
                                                                 a.rounds, a.cold);

@@ -3,7 +3,8 @@
 //
 // Why: a decode step's attention is two batched products per layer, scores = q K^T ([M x d] by
 // [P x d]^T per KV head, M query heads sharing it) and out = softmax(scores) V ([M x P] by
-// [P x d]), with M = 1-4. ncnn 1.0.20261020's MatMul runs each head through its Gemm with a
+// [P x d]), with M = 1-4 (grouped KV heads) or 32 (MLA's absorbed form: one latent shared by 32
+// query heads). ncnn 1.0.20261020's MatMul runs each head through its Gemm with a
 // non-constant B, which packs (copies and transposes) the whole cache slice on every call: on
 // Qwen3-ASR's real widths at P = 1000 the two MatMuls took ~1.4 ms per layer on one EPYC thread
 // while the 8.4 MB of K/V they read takes ~0.3 ms at the measured read bandwidth. This layer reads
@@ -23,6 +24,9 @@ namespace ncnnport {
 // True on an x86 build running on a CPU with AVX2 and FMA; false elsewhere (never registered).
 bool matmul_layer_supported();
 
+// True where the many-row kernels run (M > kStreamMaxRows): matmul_layer_supported() and AVX-512F.
+bool matmul_many_rows_supported();
+
 // Registers the overwrite of "MatMul" on `net`; call before net.load_param. False (nothing
 // registered) where matmul_layer_supported() is false.
 bool register_matmul_layer(ncnn::Net& net);
@@ -30,7 +34,14 @@ bool register_matmul_layer(ncnn::Net& net);
 // Batched products the overwrite computed itself in this process (a run proves the kernel ran).
 uint64_t matmul_layer_calls();
 
-// The most query rows per head the kernel takes (decode: the query heads of one KV head).
-constexpr int kMatmulMaxRows = 8;
+// Query rows per head up to which the stream kernels run (decode with grouped KV heads: the
+// 1-8 query heads of one KV head; bandwidth-bound, each cache row read once per 4 query rows).
+constexpr int kStreamMaxRows = 8;
+
+// The most query rows per head the kernel takes. Above kStreamMaxRows the many-row kernels run,
+// where the CPU has AVX-512F (elsewhere ncnn's built-in): MLA's absorbed decode (Youtu-VL: 32
+// query heads over one shared 512-wide latent cache, 64 rows for two new tokens), which is
+// compute-bound at 2 x 32 flops per cache float.
+constexpr int kMatmulMaxRows = 64;
 
 }  // namespace ncnnport
