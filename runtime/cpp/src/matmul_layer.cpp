@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <utility>
-#include <cstdint>
 #include <vector>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
