@@ -99,6 +99,22 @@ def test_many_row_kernels_give_the_same_bits_at_any_thread_count(check, trans_b,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trans_b", [1, 0])
+def test_stream_kernels_give_the_same_bits_prefetching_or_not(check, trans_b):
+    """Qwen3-ASR's decode products at 1100 cache rows read 4.5 MB, past kAttentionPrefetchMinBytes:
+    the first 16 calls alternate plain and prefetching variants (gemv_prefetch.h) and every call
+    must give the first call's bits; at 100 rows (0.4 MB) no call is sampled."""
+    k, n = (128, 1100) if trans_b else (1100, 128)
+    out = run_check(check, 8, 2, k, n, "--trans-b", str(trans_b), "--rounds", "20")
+    choice = out["prefetch"]
+    assert out["kernel_calls"] == 1 and out["rounds_equal_first"] is True, out
+    assert choice["samples_on"] == choice["samples_off"] == 8 and choice["state"] in ("on", "off"), choice
+    small = run_check(check, 8, 2, *((128, 100) if trans_b else (100, 128)), "--trans-b", str(trans_b), "--rounds", "3")
+    assert small["prefetch"]["samples_on"] == small["prefetch"]["samples_off"] == 0, small
+    assert small["prefetch"]["state"] == "undecided" and small["rounds_equal_first"] is True, small
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trans_b", [1, 0])
 def test_more_query_rows_than_the_kernel_takes_stay_on_the_builtin(check, trans_b):
     out = run_check(check, 2, MAX_ROWS + 1, 16, 33, "--trans-b", str(trans_b))
     assert out["kernel_calls"] == 0 and out["bit_equal"], out
@@ -139,6 +155,10 @@ def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(bu
     graphs = mine["graph_s"]
     assert graphs["lm_head"] > 0 and all(graphs.get(f"decode_layer{i}", 0) > 0 for i in range(2))
     assert sum(s for name, s in graphs.items() if name.startswith("decode_layer")) < mine["decode_s"]
+    # the K/V cache sits on its own huge-page mappings (huge_page_allocator.h), whichever MatMul
+    # reads it; the attention's prefetch choice is reported per product
+    assert mine["kv_cache_huge_peak_bytes"] > 0 and theirs["kv_cache_huge_peak_bytes"] > 0
+    assert set(mine["attention_prefetch"]) == {"scores", "weighted"}
 
     off, on = theirs["huge_pages"], mine["huge_pages"]
     assert off["enabled"] is False and off["collapsed_bytes"] == 0 and off["advised_bytes"] == 0

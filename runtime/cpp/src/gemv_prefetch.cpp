@@ -15,7 +15,7 @@ int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>&
 GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_ >= 0) return {state_ == 1, false};
-    if (weight_bytes < kGemvPrefetchMinBytes) return {false, false};
+    if (weight_bytes < min_bytes_) return {false, false};
     return {(next_++ % 2) == 1, true};  // plain first: each prefetching call pairs with the call before
 }
 
@@ -43,6 +43,11 @@ GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
     static GemvPrefetchChoice fp32_choice, fp16_choice;
     return fp16 ? fp16_choice : fp32_choice;
+}
+
+GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
+    static GemvPrefetchChoice scores_choice(kAttentionPrefetchMinBytes), weighted_choice(kAttentionPrefetchMinBytes);
+    return scores ? scores_choice : weighted_choice;
 }
 
 }  // namespace ncnnport

@@ -1,5 +1,7 @@
 #include "ncnnport/kv_cache.h"
 
+#include "ncnnport/huge_page_allocator.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -10,8 +12,9 @@ KvCache::KvCache(int layers, int heads, int head_dim, int capacity)
     if (layers <= 0 || heads <= 0 || head_dim <= 0 || capacity <= 0)
         throw GraphError("kv cache: layers, heads, head_dim and capacity must be positive");
     for (int i = 0; i < layers; ++i) {
-        k_.emplace_back(head_dim, capacity, heads);
-        v_.emplace_back(head_dim, capacity, heads);
+        // on huge pages (huge_page_allocator.h): each step streams the past once
+        k_.emplace_back(head_dim, capacity, heads, 4u, huge_page_allocator());
+        v_.emplace_back(head_dim, capacity, heads, 4u, huge_page_allocator());
         if (k_.back().empty() || v_.back().empty())
             throw GraphError("kv cache: ncnn could not allocate [" + std::to_string(heads) + ", "
                              + std::to_string(capacity) + ", " + std::to_string(head_dim) + "] float32");

@@ -1,6 +1,7 @@
 #include "ncnnport/matmul_layer.h"
 
 #include "ncnnport/builtin_overwrite.h"
+#include "ncnnport/gemv_prefetch.h"
 
 #include <layer.h>
 #include <layer_type.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -45,6 +47,14 @@ MATMUL_TARGET inline float dot_tail(const float* q, const float* row, int k0, in
     return s;
 }
 
+// Prefetches the `bytes` of the cache row at `row` kGemvPrefetchBytes ahead in the stream (the
+// rows follow each other, so that is a later row of the same head, or past its end: a prefetch
+// never faults). Whether the kernels prefetch is chosen on the machine (attention_prefetch_choice).
+inline void prefetch_row(const float* row, size_t bytes) {
+    const char* p = reinterpret_cast<const char*>(row) + kGemvPrefetchBytes;
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
 // out[r][n] = sum_k q[r][k] c[n][k] for R (1-4) query rows against every cache row of c (rows K
 // apart). Each cache row is read whole before the next, so the cache slice is one sequential
 // stream; the query rows stay in L1. Per query row two 8-lane partial sums (even and odd 8-blocks
@@ -52,11 +62,12 @@ MATMUL_TARGET inline float dot_tail(const float* q, const float* row, int k0, in
 // version read four cache rows side by side, k by k, and ran at ~7 GB/s on one EPYC thread over a
 // cold 4 MB slice; this order reads it at ~14 GB/s, 2.0-2.4x faster (runtime/cpp/README.md,
 // "Decode attention").
-template <int R>
+template <int R, bool Prefetch>
 MATMUL_TARGET void scores_rows(const float* q, int K, const float* c, int N, float* out, int out_stride) {
     const int K16 = K - K % 16, K8 = K - K % 8;
     for (int n = 0; n < N; ++n) {
         const float* row = c + static_cast<size_t>(n) * K;
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(float));
         __m256 even[R], odd[R];
         for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
         int k = 0;
@@ -77,15 +88,16 @@ MATMUL_TARGET void scores_rows(const float* q, int K, const float* c, int N, flo
 }
 
 // One head's scores: query rows four at a time (one pass over the cache slice each), then the rest.
+template <bool Prefetch>
 void scores_any(int M, const float* q, int K, const float* c, int N, float* out) {
     int m = 0;
-    for (; m + 4 <= M; m += 4) scores_rows<4>(q + static_cast<size_t>(m) * K, K, c, N, out + static_cast<size_t>(m) * N, N);
+    for (; m + 4 <= M; m += 4) scores_rows<4, Prefetch>(q + static_cast<size_t>(m) * K, K, c, N, out + static_cast<size_t>(m) * N, N);
     const float* qm = q + static_cast<size_t>(m) * K;
     float* om = out + static_cast<size_t>(m) * N;
     switch (M - m) {
-    case 3: scores_rows<3>(qm, K, c, N, om, N); break;
-    case 2: scores_rows<2>(qm, K, c, N, om, N); break;
-    case 1: scores_rows<1>(qm, K, c, N, om, N); break;
+    case 3: scores_rows<3, Prefetch>(qm, K, c, N, om, N); break;
+    case 2: scores_rows<2, Prefetch>(qm, K, c, N, om, N); break;
+    case 1: scores_rows<1, Prefetch>(qm, K, c, N, om, N); break;
     default: break;
     }
 }
@@ -93,11 +105,13 @@ void scores_any(int M, const float* q, int K, const float* c, int N, float* out)
 // out[m][j] = sum_k w[m][k] v[k][j] for M rows of weights over the cache rows of v (J wide): each
 // cache row is read whole, in order (one sequential stream), and added into the M output rows,
 // which stay in L1 (M * J floats); k ascending from zero, one fused multiply-add per term.
+template <bool Prefetch>
 MATMUL_TARGET void weighted_any(int M, const float* w, int K, const float* v, int J, float* out) {
     const int J8 = J - J % 8;
     for (int i = 0; i < M * J; ++i) out[i] = 0.f;
     for (int k = 0; k < K; ++k) {
         const float* row = v + static_cast<size_t>(k) * J;
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(float));
         for (int m = 0; m < M; ++m) {
             const float wk = w[static_cast<size_t>(m) * K + k];
             const __m256 b = _mm256_set1_ps(wk);
@@ -267,14 +281,14 @@ public:
         if (top.empty()) return -100;
         const bool scores_case = trans_b_ != 0;
         if (M <= kStreamMaxRows) {
-#pragma omp parallel for num_threads(opt.num_threads) schedule(static) if (opt.num_threads > 1)
-            for (int p = 0; p < heads; ++p) {
-                const float* a = A.channel(p);
-                const float* b = B.channel(p);
-                float* out = top.channel(p);
-                if (scores_case) scores_any(M, a, K, b, N, out);
-                else weighted_any(M, a, K, b, N, out);
-            }
+            GemvPrefetchChoice& choice = attention_prefetch_choice(scores_case);
+            const size_t bytes = static_cast<size_t>(heads) * N * K * sizeof(float);  // the cache rows read
+            const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+            const auto t0 = std::chrono::steady_clock::now();
+            if (pick.prefetch) stream_heads<true>(A, B, top, scores_case, opt.num_threads);
+            else stream_heads<false>(A, B, top, scores_case, opt.num_threads);
+            if (pick.sample)
+                choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         } else {
             // each head split into parts along its outputs' columns (cache rows for the scores,
             // value columns for the weighted sums), so one head (MLA) still spreads over the
@@ -294,6 +308,21 @@ public:
     }
 
 private:
+    // The few-row products, one head per task: each head's cache slice is one sequential stream.
+    template <bool Prefetch>
+    static void stream_heads(const ncnn::Mat& A, const ncnn::Mat& B, ncnn::Mat& top, bool scores_case, int threads) {
+        const int heads = A.c, M = A.h, K = A.w;
+        const int N = top.w;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int p = 0; p < heads; ++p) {
+            const float* a = A.channel(p);
+            const float* b = B.channel(p);
+            float* out = top.channel(p);
+            if (scores_case) scores_any<Prefetch>(M, a, K, b, N, out);
+            else weighted_any<Prefetch>(M, a, K, b, N, out);
+        }
+    }
+
     // The decode-attention case: both operands 3-D with one head per channel (no broadcast),
     // unpacked fp32 rows, at most kMatmulMaxRows rows of A, and the inner sizes agreeing.
     bool kernel_applies(const std::vector<ncnn::Mat>& bottoms, const ncnn::Option& opt) const {

@@ -6,6 +6,7 @@
 
 #include "ncnnport/gemv_layer.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/matmul_layer.h"
 #include "ncnnport/memory_data_layer.h"
 #include "ncnnport/int8_gemv_layer.h"
@@ -195,11 +196,16 @@ bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
     return gemv_active(options) && register_gemv_layer(net);
 }
 
-nlohmann::json gemv_prefetch_json(bool fp16) {
-    const GemvPrefetchChoice::Report r = gemv_prefetch_choice(fp16).report();
+namespace {
+nlohmann::json prefetch_json(const GemvPrefetchChoice& choice) {
+    const GemvPrefetchChoice::Report r = choice.report();
     return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
             {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps}};
 }
+}  // namespace
+
+nlohmann::json gemv_prefetch_json(bool fp16) { return prefetch_json(gemv_prefetch_choice(fp16)); }
+nlohmann::json attention_prefetch_json(bool scores) { return prefetch_json(attention_prefetch_choice(scores)); }
 
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
@@ -210,7 +216,9 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"memory_data_shares", memory_data_shares()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
-            {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)}}}};
+            {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)}}},
+            {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
+            {"kv_cache_huge_peak_bytes", huge_page_allocator_peak_bytes()}};
 }
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,

@@ -22,6 +22,10 @@
 // "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. With
 // --trans-b 0 also "equals_fma_chain": whether every output of the overwrite is bit for bit the
 // k-ascending chain of fused multiply-adds from zero, the order its weighted-sum kernels promise.
+// With --rounds, "rounds_equal_first": whether every timed call of the overwrite gave the first
+// call's bits. "prefetch" is the attention prefetch choice of the product's kind (gemv_prefetch.h):
+// the few-row kernels alternate prefetching and plain calls while they sample, so a run of at
+// least 2 x kGemvPrefetchSamples calls over kAttentionPrefetchMinBytes compares both variants' bits.
 // --dump PATH writes the overwrite's output (fp32, [heads, m, n]) there, so runs can be compared
 // bit for bit (e.g. at two thread counts). Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.
@@ -165,12 +169,19 @@ int main(int argc, char** argv) {
             if (!f) throw std::runtime_error("cannot write " + a.dump);
         }
         if (a.rounds > 0) {
-            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A, B); }, [&] { run(test, A, B); },
-                                                                a.rounds, a.cold);
+            bool rounds_equal = true;  // every timed call of the overwrite gave the first call's bits
+            auto timed_test = [&] {
+                const ncnn::Mat again = run(test, A, B);
+                for (int p = 0; p < got.c; ++p)
+                    rounds_equal = rounds_equal && std::memcmp(again.channel(p), got.channel(p), sizeof(float) * got.w * got.h) == 0;
+            };
+            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A, B); }, timed_test, a.rounds, a.cold);
             out["cold"] = a.cold;
             out["ncnn_ms"] = m.reference_ms;
             out["kernel_ms"] = m.test_ms;
+            out["rounds_equal_first"] = rounds_equal;
         }
+        out["prefetch"] = ncnnport::attention_prefetch_json(a.trans_b != 0);
         std::cout << out.dump() << "\n";
         return 0;
     } catch (const std::exception& e) {

@@ -12,7 +12,7 @@
 // kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
 // of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
 // real difference, 7 or more wins of 8 come with probability at most 9/256). One choice per weight width
-// (fp32, fp16), per process.
+// (fp32, fp16), per process, and one per decode-attention product (the K/V cache stream, below).
 #pragma once
 
 #include <cstddef>
@@ -30,9 +30,17 @@ constexpr int kGemvPrefetchWinsNeeded = 7;            // pairs prefetch must win
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
 
-// The choice for one weight width.
+// The decode attention's products (matmul_layer.h: a step's scores against the past K, its
+// weighted sum of the past V) stream the K/V cache the same way, from DRAM once a step's weights
+// have gone through the caches; past this size a call reads more than an L2 holds.
+constexpr size_t kAttentionPrefetchMinBytes = 1u << 20;
+
+// The choice for one stream: a weight width of the gemv kernel, or one attention product.
 class GemvPrefetchChoice {
 public:
+    // Calls reading fewer than `min_bytes` run plain and are not sampled.
+    explicit GemvPrefetchChoice(size_t min_bytes = kGemvPrefetchMinBytes) : min_bytes_(min_bytes) {}
+
     struct Pick {
         bool prefetch = false;  // the variant the call runs
         bool sample = false;    // time it and record() it
@@ -50,6 +58,7 @@ public:
     Report report() const;
 
 private:
+    const size_t min_bytes_;
     mutable std::mutex mutex_;
     int state_ = -1;  // -1 undecided, 0 off, 1 on
     unsigned next_ = 0;
@@ -61,5 +70,8 @@ int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>&
 
 // The process's choice for fp16 (true) or fp32 weights.
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
+// The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
+// each chosen on its own calls (the two kernels read the cache in different patterns).
+GemvPrefetchChoice& attention_prefetch_choice(bool scores);
 
 }  // namespace ncnnport
