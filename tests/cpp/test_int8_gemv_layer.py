@@ -53,6 +53,19 @@ def test_one_row_products_run_the_kernel_within_the_summation_bound(check, shape
 
 
 @pytest.mark.slow
+def test_prefetching_and_plain_calls_give_the_same_bits(check):
+    """A 3 MB layer (Qwen3-ASR's MLP projection) is past the int8 kernel's 1 MiB sampling size:
+    its first 16 calls alternate the plain and prefetching variants (gemv_prefetch.h), and every
+    call must give the first call's bits; a 0.1 MB layer is never sampled."""
+    out = run_check(check, 3072, 1024, "--rounds", "20")
+    assert out["kernel_calls"] == 1 and out["rounds_equal_first"] is True, out
+    assert out["prefetch"]["samples_on"] == out["prefetch"]["samples_off"] == 8, out["prefetch"]
+    assert out["prefetch"]["state"] in ("on", "off"), out["prefetch"]
+    small = run_check(check, 128, 1024, "--rounds", "3")
+    assert small["rounds_equal_first"] is True and small["prefetch"]["state"] == "undecided", small
+
+
+@pytest.mark.slow
 def test_the_kernel_copy_lives_in_the_huge_page_arena(check):
     """kernel_weight_allocator.h: the kernel's copy (16 rows of K bytes per group, padded to a
     whole group) is cut from the arena, and reported live (ncnn's Mat adds its 4-byte refcount)."""

@@ -45,6 +45,11 @@ GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
     return fp16 ? fp16_choice : fp32_choice;
 }
 
+GemvPrefetchChoice& int8_gemv_prefetch_choice() {
+    static GemvPrefetchChoice choice(kAttentionPrefetchMinBytes);
+    return choice;
+}
+
 GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
     static GemvPrefetchChoice scores_choice(kAttentionPrefetchMinBytes), weighted_choice(kAttentionPrefetchMinBytes);
     return scores ? scores_choice : weighted_choice;

@@ -1,6 +1,7 @@
 #include "ncnnport/int8_gemv_layer.h"
 
 #include "ncnnport/builtin_overwrite.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
 
 #include <layer.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -99,7 +101,11 @@ INT8_TARGET inline __m512i broadcast_quad(const int8_t* p) {
 
 // Row group g: 16 output rows. Per block, each row's exact integer dot product in its lane
 // (kChains accumulators over alternate k-quads, added), then fsum = fma(float(isum),
-// descale_x * descale_w, fsum) in k order (ncnn's vector path).
+// descale_x * descale_w, fsum) in k order (ncnn's vector path). With Prefetch, each 64-byte load
+// is preceded by a prefetch kGemvPrefetchBytes ahead in the stream (past the group's end that is
+// the next group, past the matrix's end the next copy in the weight arena, or nothing: a
+// prefetch never faults); whether is chosen on the machine (int8_gemv_prefetch_choice).
+template <bool Prefetch>
 INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float* xdescale, const int32_t* shift,
                            float* out) {
     const uint8_t* p = static_cast<const uint8_t*>(pk.weights.data) + static_cast<size_t>(g) * pk.group_bytes();
@@ -112,8 +118,10 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
         const int8_t* qb = q + static_cast<size_t>(b) * pk.block;
         for (int t = 0; t < quads; t += kChains) {
 #pragma GCC unroll 4
-            for (int c = 0; c < kChains; ++c)
+            for (int c = 0; c < kChains; ++c) {
+                if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * (t + c) + kGemvPrefetchBytes, _MM_HINT_T0);
                 acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_loadu_si512(p + 64 * (t + c)), broadcast_quad(qb + 4 * (t + c)));
+            }
         }
         const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3])),
                                               _mm512_set1_epi32(shift[b]));
@@ -126,12 +134,13 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
 
 // y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
 // thread reads one contiguous run of groups).
+template <bool Prefetch>
 void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads) {
     const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int g = 0; g < pk.groups; ++g) {
         alignas(64) float out[kLanes];
-        run_group(pk, g, q, xdescale, shift, out);
+        run_group<Prefetch>(pk, g, q, xdescale, shift, out);
         const int o0 = g * kLanes;
         for (int i = 0; i < std::min(kLanes, pk.n - o0); ++i) y[o0 + i] = bias ? out[i] + bias[o0 + i] : out[i];
     }
@@ -292,7 +301,14 @@ private:
         std::vector<float> descale(static_cast<size_t>(blocks));
         std::vector<int32_t> shift(static_cast<size_t>(blocks));
         quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
-        run_gemv(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
+        GemvPrefetchChoice& choice = int8_gemv_prefetch_choice();
+        const size_t bytes = pk.weights.total() * pk.weights.elemsize;
+        const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (pick.prefetch) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
+        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
+        if (pick.sample)
+            choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

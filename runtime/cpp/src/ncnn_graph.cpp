@@ -206,6 +206,7 @@ nlohmann::json prefetch_json(const GemvPrefetchChoice& choice) {
 
 nlohmann::json gemv_prefetch_json(bool fp16) { return prefetch_json(gemv_prefetch_choice(fp16)); }
 nlohmann::json attention_prefetch_json(bool scores) { return prefetch_json(attention_prefetch_choice(scores)); }
+nlohmann::json int8_gemv_prefetch_json() { return prefetch_json(int8_gemv_prefetch_choice()); }
 
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
@@ -216,7 +217,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"memory_data_shares", memory_data_shares()},
             {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
-            {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)}}},
+            {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)},
+                               {"int8", int8_gemv_prefetch_json()}}},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
             {"kv_cache_huge_peak_bytes", huge_page_allocator_peak_bytes()}};
 }

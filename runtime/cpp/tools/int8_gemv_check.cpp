@@ -22,7 +22,9 @@
 // Prints one JSON object: "registered", the shapes, "kernel_calls", "max_abs_diff",
 // "max_diff_over_bound", "bit_equal", "weight_bytes", "kernel_weights_huge_bytes" (the kernel's
 // copy in the huge-page arena, kernel_weight_allocator.h) and with --rounds the two
-// medians and both GB/s. Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
+// medians, both GB/s and "rounds_equal_first" (every timed call of the overwrite gave the first
+// call's bits; "prefetch", the kernel's prefetch choice, gemv_prefetch.h, says whether the calls
+// alternated plain and prefetching variants while it sampled). Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include <mat.h>
 #include <net.h>
 
@@ -194,14 +196,20 @@ int main(int argc, char** argv) {
                               {"bit_equal", bit_equal}, {"weight_bytes", l.q.size() + l.scales.size() * sizeof(float)},
                               {"kernel_weights_huge_bytes", ncnnport::kernel_weight_huge_bytes()}};
         if (a.rounds > 0) {
-            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A); }, [&] { run(test, A); },
-                                                                a.rounds, a.cold);
+            bool rounds_equal = true;  // every timed call of the overwrite gave the first call's bits
+            auto timed_test = [&] {
+                const ncnn::Mat again = run(test, A);
+                rounds_equal = rounds_equal && std::memcmp(again.data, got.data, sizeof(float) * got.w * got.h) == 0;
+            };
+            const auto m = ncnnport::check::interleaved_medians([&] { run(reference, A); }, timed_test, a.rounds, a.cold);
+            out["rounds_equal_first"] = rounds_equal;
             out["cold"] = a.cold;
             out["ncnn_ms"] = m.reference_ms;
             out["kernel_ms"] = m.test_ms;
             out["kernel_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (m.test_ms * 1e6);
             out["ncnn_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (m.reference_ms * 1e6);
         }
+        out["prefetch"] = ncnnport::int8_gemv_prefetch_json();
         std::cout << out.dump() << "\n";
         return 0;
     } catch (const std::exception& e) {

@@ -70,6 +70,10 @@ int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>&
 
 // The process's choice for fp16 (true) or fp32 weights.
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
+// The int8 one-row kernel's choice (int8_gemv_layer.h). Its projections are 1-3 MB on Qwen3-ASR
+// (int8 weights a quarter of fp32's), past any L2 but under kGemvPrefetchMinBytes, so it samples
+// from kAttentionPrefetchMinBytes (1 MiB) on.
+GemvPrefetchChoice& int8_gemv_prefetch_choice();
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
 GemvPrefetchChoice& attention_prefetch_choice(bool scores);

@@ -74,7 +74,8 @@ bool int8_gemv_active(const GraphOptions& options);
 // outputs handed on without a copy ("memory_data_shares", memory_data_layer.h), the bytes of the
 // overwrites' own weight copies in the huge-page arena ("kernel_weights_huge_bytes",
 // kernel_weight_allocator.h), and the gemv kernel's prefetch choice per weight width
-// ("gemv_prefetch": {"fp32", "fp16"} each with its state and sampled medians, gemv_prefetch.h),
+// ("gemv_prefetch": {"fp32", "fp16"} each with its state and sampled medians, gemv_prefetch.h,
+// and "int8" for the int8 kernel's),
 // the same for the decode attention's stream kernels ("attention_prefetch": {"scores",
 // "weighted"}, matmul_layer.h), and the most bytes of K/V cache blocks live at once on their own
 // huge-page mappings ("kv_cache_huge_peak_bytes", huge_page_allocator.h).
@@ -85,6 +86,8 @@ nlohmann::json gemv_prefetch_json(bool fp16);
 // The same for the decode attention's scores (true) or weighted sums (false); gemv_json and
 // ncnnport-matmul-check.
 nlohmann::json attention_prefetch_json(bool scores);
+// The same for the int8 one-row kernel (int8_gemv_layer.h); gemv_json and ncnnport-int8-gemv-check.
+nlohmann::json int8_gemv_prefetch_json();
 
 // The Python loop's fp32 options (runtime/options.py FP32): every C++ graph runs with these, set
 // before load_param. ncnn's own defaults differ (fp16 storage on), which would change every number.
