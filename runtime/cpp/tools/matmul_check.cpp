@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "interleaved_timing.h"
+#include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/ncnn_graph.h"
 #include "ncnnport/matmul_layer.h"
 
@@ -84,9 +85,11 @@ Args parse(int argc, char** argv) {
     return a;
 }
 
-ncnn::Mat random_mat(int w, int h, int c, std::mt19937& rng) {
+// B (the cache operand) comes from the K/V cache's allocator (huge_page_allocator.h), as in the
+// decode loops, so the timed reads see the pages a decode step reads.
+ncnn::Mat random_mat(int w, int h, int c, std::mt19937& rng, ncnn::Allocator* allocator = nullptr) {
     std::normal_distribution<float> dist(0.f, 1.f);
-    ncnn::Mat m(w, h, c);
+    ncnn::Mat m(w, h, c, 4u, allocator);
     for (int p = 0; p < c; ++p) {
         float* row = m.channel(p);
         for (int i = 0; i < w * h; ++i) row[i] = dist(rng);
@@ -120,7 +123,8 @@ int main(int argc, char** argv) {
         const Args a = parse(argc, argv);
         std::mt19937 rng(a.seed);
         const ncnn::Mat A = random_mat(a.k, a.m, a.heads, rng);
-        const ncnn::Mat B = a.trans_b ? random_mat(a.k, a.n, a.heads, rng) : random_mat(a.n, a.k, a.heads, rng);
+        ncnn::Allocator* cache = ncnnport::huge_page_allocator();
+        const ncnn::Mat B = a.trans_b ? random_mat(a.k, a.n, a.heads, rng, cache) : random_mat(a.n, a.k, a.heads, rng, cache);
         ncnn::Net reference, test;
         open_net(reference, a, false);
         open_net(test, a, true);
