@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "ncnnport/greedy.h"
+#include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/model_json.h"
 #include "ncnnport/precision.h"
 
@@ -39,8 +40,9 @@ class LatentCache {
 public:
     LatentCache(int layers, int rank, int rope, int capacity) : capacity_(capacity), pending_(layers, 0) {
         for (int i = 0; i < layers; ++i) {
-            latent_.emplace_back(rank, capacity);
-            krot_.emplace_back(rope, capacity);
+            // on huge pages (huge_page_allocator.h): each step streams the past once
+            latent_.emplace_back(rank, capacity, 4u, ncnnport::huge_page_allocator());
+            krot_.emplace_back(rope, capacity, 4u, ncnnport::huge_page_allocator());
             if (latent_.back().empty() || krot_.back().empty())
                 throw GraphError("latent cache: ncnn could not allocate " + std::to_string(capacity) + " rows");
             latent_.back().fill(0.0f);
