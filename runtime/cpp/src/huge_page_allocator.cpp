@@ -1,11 +1,12 @@
 #include "ncnnport/huge_page_allocator.h"
 
+#include "ncnnport/own_block_allocator.h"
+
 #include <atomic>
-#include <mutex>
-#include <unordered_map>
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace ncnnport {
@@ -16,50 +17,40 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 std::atomic<uint64_t> g_live_bytes{0}, g_peak_bytes{0};
 
-class HugePageAllocator : public ncnn::Allocator {
-public:
-    void* fastMalloc(size_t size) override {
+class HugePageAllocator : public OwnBlockAllocator {
+protected:
+    void* take(size_t size) override {
 #if defined(__linux__)
-        // one huge page of slack, so the block can start on a 2 MiB boundary
-        const size_t length = size + kHugePage;
-        void* raw = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (raw != MAP_FAILED) {
-            char* block = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) / kHugePage * kHugePage);
-            madvise(block, size, MADV_HUGEPAGE);  // refused where THP is off: 4 KiB pages, same bytes
-            std::lock_guard<std::mutex> lock(mutex_);
-            mappings_[block] = {raw, length};
-            const uint64_t live = g_live_bytes += size;
-            if (live > g_peak_bytes) g_peak_bytes = live;
-            return block;
-        }
+        // a mapping one huge page longer, trimmed to a 2 MiB-aligned block of whole pages
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        const size_t length = (size + page - 1) / page * page;
+        void* raw = mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (raw == MAP_FAILED) return nullptr;
+        char* begin = static_cast<char*>(raw);
+        char* block = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) / kHugePage * kHugePage);
+        if (block > begin) munmap(begin, static_cast<size_t>(block - begin));
+        const size_t tail = static_cast<size_t>(begin + length + kHugePage - (block + length));
+        if (tail > 0) munmap(block + length, tail);
+        madvise(block, length, MADV_HUGEPAGE);  // refused where THP is off: 4 KiB pages, same bytes
+        const uint64_t live = g_live_bytes += size;
+        if (live > g_peak_bytes) g_peak_bytes = live;
+        return block;
+#else
+        (void)size;
+        return nullptr;
 #endif
-        return ncnn::fastMalloc(size);
     }
 
-    void fastFree(void* ptr) override {
-        if (!ptr) return;
+    void give_back(void* block, size_t size) override {
 #if defined(__linux__)
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            const auto it = mappings_.find(ptr);
-            if (it != mappings_.end()) {
-                munmap(it->second.raw, it->second.length);
-                g_live_bytes -= it->second.length - kHugePage;
-                mappings_.erase(it);
-                return;
-            }
-        }
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        munmap(block, (size + page - 1) / page * page);
+        g_live_bytes -= size;
+#else
+        (void)block;
+        (void)size;
 #endif
-        ncnn::fastFree(ptr);
     }
-
-private:
-    struct Mapping {
-        void* raw;
-        size_t length;
-    };
-    std::mutex mutex_;
-    std::unordered_map<void*, Mapping> mappings_;  // live blocks -> the mapping each was cut from
 };
 
 }  // namespace

@@ -1,8 +1,8 @@
 #include "ncnnport/kernel_weight_allocator.h"
 
+#include "ncnnport/own_block_allocator.h"
+
 #include <atomic>
-#include <mutex>
-#include <unordered_map>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -19,43 +19,36 @@ constexpr size_t kAlign = 64;
 
 std::atomic<uint64_t> g_huge_bytes{0};
 
-class KernelWeightAllocator : public ncnn::Allocator {
-public:
-    void* fastMalloc(size_t size) override {
+class KernelWeightAllocator : public OwnBlockAllocator {
+protected:
+    void* take(size_t size) override {
 #if defined(__linux__)
-        std::lock_guard<std::mutex> lock(mutex_);
         if (reserve()) {
             const size_t offset = (used_ + kAlign - 1) / kAlign * kAlign;
             if (offset + size <= kReserve) {
                 used_ = offset + size;
-                blocks_[base_ + offset] = size;
                 g_huge_bytes += size;
                 return base_ + offset;
             }
         }
+#else
+        (void)size;
 #endif
-        return ncnn::fastMalloc(size);
+        return nullptr;
     }
 
-    void fastFree(void* ptr) override {
-        if (!ptr) return;
+    void give_back(void* block, size_t size) override {
 #if defined(__linux__)
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            const auto it = blocks_.find(ptr);
-            if (it != blocks_.end()) {
-                // the whole 4 KiB pages inside the block go back to the system; its address range is not reused
-                const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-                const uintptr_t begin = (reinterpret_cast<uintptr_t>(ptr) + page - 1) / page * page;
-                const uintptr_t end = (reinterpret_cast<uintptr_t>(ptr) + it->second) / page * page;
-                if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-                g_huge_bytes -= it->second;
-                blocks_.erase(it);
-                return;
-            }
-        }
+        // the whole 4 KiB pages inside the block go back to the system; its address range is not reused
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        const uintptr_t begin = (reinterpret_cast<uintptr_t>(block) + page - 1) / page * page;
+        const uintptr_t end = (reinterpret_cast<uintptr_t>(block) + size) / page * page;
+        if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+        g_huge_bytes -= size;
+#else
+        (void)block;
+        (void)size;
 #endif
-        ncnn::fastFree(ptr);
     }
 
 private:
@@ -79,8 +72,6 @@ private:
     bool failed_ = false;
     size_t used_ = 0;
 #endif
-    std::mutex mutex_;
-    std::unordered_map<void*, size_t> blocks_;  // live arena blocks and their sizes
 };
 
 }  // namespace
