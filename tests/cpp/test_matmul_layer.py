@@ -100,7 +100,7 @@ def test_many_row_kernels_give_the_same_bits_at_any_thread_count(check, trans_b,
 @pytest.mark.slow
 @pytest.mark.parametrize("trans_b", [1, 0])
 def test_stream_kernels_give_the_same_bits_prefetching_or_not(check, trans_b):
-    """Qwen3-ASR's decode products at 1100 cache rows read 4.5 MB, past kAttentionPrefetchMinBytes:
+    """Qwen3-ASR's decode products at 1100 cache rows read 4.5 MB, past kPastL2PrefetchMinBytes:
     the first 16 calls alternate plain and prefetching variants (gemv_prefetch.h) and every call
     must give the first call's bits; at 100 rows (0.4 MB) no call is sampled."""
     k, n = (128, 1100) if trans_b else (1100, 128)

@@ -46,12 +46,12 @@ GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
 }
 
 GemvPrefetchChoice& int8_gemv_prefetch_choice() {
-    static GemvPrefetchChoice choice(kAttentionPrefetchMinBytes);
+    static GemvPrefetchChoice choice(kPastL2PrefetchMinBytes);
     return choice;
 }
 
 GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
-    static GemvPrefetchChoice scores_choice(kAttentionPrefetchMinBytes), weighted_choice(kAttentionPrefetchMinBytes);
+    static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes), weighted_choice(kPastL2PrefetchMinBytes);
     return scores ? scores_choice : weighted_choice;
 }
 

@@ -25,7 +25,7 @@
 // With --rounds, "rounds_equal_first": whether every timed call of the overwrite gave the first
 // call's bits. "prefetch" is the attention prefetch choice of the product's kind (gemv_prefetch.h):
 // the few-row kernels alternate prefetching and plain calls while they sample, so a run of at
-// least 2 x kGemvPrefetchSamples calls over kAttentionPrefetchMinBytes compares both variants' bits.
+// least 2 x kGemvPrefetchSamples calls over kPastL2PrefetchMinBytes compares both variants' bits.
 // --dump PATH writes the overwrite's output (fp32, [heads, m, n]) there, so runs can be compared
 // bit for bit (e.g. at two thread counts). Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.

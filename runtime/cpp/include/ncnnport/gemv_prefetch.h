@@ -30,10 +30,11 @@ constexpr int kGemvPrefetchWinsNeeded = 7;            // pairs prefetch must win
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
 
-// The decode attention's products (matmul_layer.h: a step's scores against the past K, its
-// weighted sum of the past V) stream the K/V cache the same way, from DRAM once a step's weights
-// have gone through the caches; past this size a call reads more than an L2 holds.
-constexpr size_t kAttentionPrefetchMinBytes = 1u << 20;
+// Streams read from DRAM once a step's weights have gone through the caches that are smaller than
+// the gemv kernel's layers: the decode attention's products (matmul_layer.h: a step's scores
+// against the past K, its weighted sum of the past V) and the int8 projections. Past this size a
+// call reads more than an L2 holds, so their choices sample from here.
+constexpr size_t kPastL2PrefetchMinBytes = 1u << 20;
 
 // The choice for one stream: a weight width of the gemv kernel, or one attention product.
 class GemvPrefetchChoice {
@@ -72,7 +73,7 @@ int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>&
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
 // The int8 one-row kernel's choice (int8_gemv_layer.h). Its projections are 1-3 MB on Qwen3-ASR
 // (int8 weights a quarter of fp32's), past any L2 but under kGemvPrefetchMinBytes, so it samples
-// from kAttentionPrefetchMinBytes (1 MiB) on.
+// from kPastL2PrefetchMinBytes (1 MiB) on.
 GemvPrefetchChoice& int8_gemv_prefetch_choice();
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
