@@ -104,6 +104,42 @@ def test_the_prefetch_choice_samples_large_layers_and_changes_no_bits(check, wei
         {"state": "undecided", "samples_on": 0, "samples_off": 0, "pairs_won": 0}
 
 
+MIB = 1 << 20
+
+
+def run_choice(built_cpp, calls: list[tuple[int, float, float]], min_bytes: int = MIB) -> dict:
+    """ncnnport-prefetch-choice-check on scripted calls (bytes, plain GB/s, prefetching GB/s)."""
+    tool = built_cpp(BUILD / "ncnnport-prefetch-choice-check", "NCNNPORT_CPP_BUILD")
+    text = "".join(f"{b} {plain} {pre}\n" for b, plain, pre in calls)
+    res = subprocess.run([str(tool), "--min-bytes", str(min_bytes)], input=text, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(res.stdout)
+
+
+@pytest.mark.slow
+def test_the_prefetch_choice_pairs_only_calls_of_one_size(built_cpp):
+    """Qwen3-ASR's int8 decode layer order (2, 1, 1, 2, 3, 3, 3 MiB): every prefetching sample
+    follows a plain sample of the same size, and a real 10 % gain is found."""
+    layer = [2 * MIB, MIB, MIB, 2 * MIB, 3 * MIB, 3 * MIB, 3 * MIB]
+    out = run_choice(built_cpp, [(b, 10.0, 11.0) for b in layer * 12])
+    sampled = [c for c in out["calls"] if c["sample"]]
+    for before, call in zip(sampled, sampled[1:]):
+        if call["prefetch"]:
+            assert not before["prefetch"] and before["bytes"] == call["bytes"], (before, call)
+    assert out["report"]["state"] == "on" and out["report"]["samples_on"] == 8, out["report"]
+
+
+@pytest.mark.slow
+def test_a_size_difference_is_not_read_as_a_prefetch_gain(built_cpp):
+    """Small calls slower than large ones whatever the variant: alternating 1 and 3 MiB calls
+    never form a pair (the rule before paired them and read the 3 MiB calls' speed as prefetch's),
+    and with no difference between the variants the sign test keeps prefetch off."""
+    mixed = run_choice(built_cpp, [(MIB, 10.0, 10.0), (3 * MIB, 15.0, 15.0)] * 20)["report"]
+    assert mixed["state"] == "undecided" and mixed["samples_on"] == 0, mixed
+    same = run_choice(built_cpp, [(3 * MIB, 15.0, 15.0)] * 20)["report"]
+    assert same["state"] == "off" and same["pairs_won"] == 0, same
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("act", [0, 1, 2, 3])
 def test_one_dimensional_input_and_activations(check, act):

@@ -16,14 +16,23 @@ GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_ >= 0) return {state_ == 1, false};
     if (weight_bytes < min_bytes_) return {false, false};
-    return {(next_++ % 2) == 1, true};  // plain first: each prefetching call pairs with the call before
+    // plain first; a prefetching call only right after a plain one of the same size, its pair
+    if (pending_bytes_ == weight_bytes) {
+        pending_bytes_ = 0;
+        return {true, true};
+    }
+    pending_bytes_ = weight_bytes;
+    return {false, true};
 }
 
 void GemvPrefetchChoice::record(bool prefetch, size_t weight_bytes, double seconds) {
     if (seconds <= 0.0) return;
     std::lock_guard<std::mutex> lock(mutex_);
     if (state_ >= 0) return;
-    (prefetch ? on_ : off_).push_back(static_cast<double>(weight_bytes) / seconds / 1e9);
+    const double gbps = static_cast<double>(weight_bytes) / seconds / 1e9;
+    if (prefetch) on_.push_back(gbps);
+    else if (off_.size() > on_.size()) off_.back() = gbps;  // the plain call before found no pair: replaced
+    else off_.push_back(gbps);
     if (static_cast<int>(on_.size()) >= kGemvPrefetchSamples && static_cast<int>(off_.size()) >= kGemvPrefetchSamples)
         state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchWinsNeeded ? 1 : 0;
 }

@@ -6,9 +6,12 @@
 // (1 thread), and made the same token slower on an AMD EPYC (17.7-19.4 against 15.2-15.4 ms); the
 // Xeon's fp32 stream gained nothing. A rule by CPU name would be fitted to two machines. Prefetch
 // instructions change no arithmetic, so the two variants give the same bits and the choice can be
-// made on real calls: the first 2 x kGemvPrefetchSamples one-row calls of layers with at least
-// kGemvPrefetchMinBytes of weights alternate plain and prefetching (a decode step's head shards
-// and projections), each prefetching call paired with the plain call before it, and prefetch is
+// made on real calls: one-row calls of layers with at least kGemvPrefetchMinBytes of weights
+// (a decode step's head shards and projections) alternate plain and prefetching until
+// kGemvPrefetchSamples pairs are timed, each prefetching call paired with the plain call right
+// before it, which must read the same bytes (a plain call followed by a call of another size
+// is re-taken: calls of different sizes differ in GB/s by more than the prefetch, a start-up
+// being a larger share of a small call), and prefetch is
 // kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
 // of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
 // real difference, 7 or more wins of 8 come with probability at most 9/256). One choice per weight width
@@ -62,7 +65,7 @@ private:
     const size_t min_bytes_;
     mutable std::mutex mutex_;
     int state_ = -1;  // -1 undecided, 0 off, 1 on
-    unsigned next_ = 0;
+    size_t pending_bytes_ = 0;      // the size of a sampled plain call still waiting for its pair, else 0
     std::vector<double> on_, off_;  // GB/s of sampled calls, in call order (pair i = off_[i], on_[i])
 };
 
