@@ -199,6 +199,10 @@ class ModuleSpec:
     # runtime hint read from the spec JSON: return the graph's pooled activation memory after each
     # call (for graphs whose activations are far larger than their weights, e.g. a VAE)
     release_after_call: bool = False
+    # under --precision int8-weights, the graph's weight Gemms (any number of rows) run int8 too,
+    # not only its matrix-vector products (convert.int8_weights): for compute-bound graphs where
+    # ncnn's int8 dot products pay and the model's int8 budgets were measured to hold
+    int8_rows: bool = False
     # checkpoint tensors the graph reads, as name patterns over the weight source's names: a
     # prefix (``model.layers.3`` = that name and everything under ``model.layers.3.``), a glob
     # (``*.attn.proj_qkv.*``), or ``name@start:stop`` for rows of one tensor (a vocab shard).
@@ -307,6 +311,7 @@ class ModuleSpec:
             "single_size_reason": self.single_size_reason,
             "variants": [v.to_json() for v in self.variants],
             "release_after_call": self.release_after_call,
+            "int8_rows": self.int8_rows,
             "weights": {"patterns": list(self.weights), "tensors": list(self.weight_tensors),
                         "files": dict(self.weight_files)},
         }

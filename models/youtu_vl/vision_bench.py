@@ -22,7 +22,8 @@ A fit through two sizes was tried and dropped: at 784 patches the N^2 term is a 
 the time, so load noise there swung the fitted cap estimate by 16x between two runs.
 
 ``--precision`` runs the ncnn blocks under a ``runtime/precision.py`` name (torch stays fp32
-eager), as ``run --precision`` runs the package's vision segments. A speed-up bought with
+eager), as ``run --precision`` runs the package's vision segments (``int8-weights``: the blocks'
+Gemms rewritten to int8 as ``package-int8w`` holds them). A speed-up bought with
 precision only counts where the port still computes the model: every timed size also compares
 each ncnn layer with the torch block on the same inputs and judges it by the model policy's gate
 of that precision's mode (the gate ``parity`` applies to the vision segments), and the >= 1.5x
@@ -57,14 +58,30 @@ POLICY = Path(__file__).with_name("policy.json")
 
 def bench_precision(name: str) -> precisions.Precision:
     """The precision the ncnn blocks run: a name of runtime/precision.py that is ncnn option
-    flags only (this bench converts its own fp32 graphs; a derived package's weights, fp16 or
-    int8, are not an option it can set). One-line ValueError otherwise."""
+    flags, or ``int8-weights``, whose blocks this bench rewrites as ``package-int8w`` rewrites
+    the vision segments (:func:`int8_block`). fp16 weights come from pnnx at conversion, which
+    this bench does not redo: one-line ValueError."""
     p = precisions.get(name)
-    if p.fp16_weights or p.int8_weights:
-        flag_only = ", ".join(n for n, q in precisions.PRECISIONS.items() if not (q.fp16_weights or q.int8_weights))
+    if p.fp16_weights:
+        usable = ", ".join(n for n, q in precisions.PRECISIONS.items() if not q.fp16_weights)
         raise ValueError(f"--precision {name!r} is a derived package ({p.package_name}); "
-                         f"the vision bench runs ncnn option precisions: {flag_only}")
+                         f"the vision bench runs: {usable}")
     return p
+
+
+def int8_block(param: Path) -> Path:
+    """``param``'s graph with its weight Gemms in int8 (``convert.int8_weights.rewrite_graph``
+    with ``gemms``, what ``int8_package`` does to a vision segment, whose spec sets
+    ``int8_rows``) beside it, as ``<name>.int8w.ncnn.param``; redone when missing or older."""
+    from ncnnport.convert.int8_weights import rewrite_graph
+
+    weights = param.with_name(param.name.replace(".param", ".bin"))
+    out = param.with_name(param.name.replace(".ncnn.param", ".int8w.ncnn.param"))
+    out_bin = out.with_name(out.name.replace(".param", ".bin"))
+    if not (out.is_file() and out_bin.is_file() and out_bin.stat().st_mtime >= weights.stat().st_mtime):
+        if not rewrite_graph(param, weights, out, out_bin, {}, gemms=True):
+            raise RuntimeError(f"{param}: no weight Gemm to run in int8")
+    return out
 
 
 def layer_gate(p: precisions.Precision, policy_path: Path = POLICY) -> Tolerance:
@@ -204,9 +221,12 @@ def open_graph(param: Path, cfg: VisionConfig, threads: int, precision: str = "f
     from ncnnport.runtime.options import RuntimeOptions
     from ncnnport.runtime.session import NcnnModule
 
-    options = bench_precision(precision).options(RuntimeOptions(num_threads=threads))
-    return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")),
-                      segment_spec(param.name.split(".")[0], cfg), options)
+    p = bench_precision(precision)
+    options = p.options(RuntimeOptions(num_threads=threads))
+    name = param.name.split(".")[0]
+    if p.int8_weights:
+        param = int8_block(param)
+    return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")), segment_spec(name, cfg), options)
 
 
 def layer_parity(reference: np.ndarray, candidate: np.ndarray, gate: Tolerance) -> dict[str, Any]:

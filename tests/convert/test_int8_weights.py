@@ -119,8 +119,8 @@ def test_bin_walk_refuses_a_size_mismatch(tmp_path):
 
 def test_bin_walk_refuses_an_unknown_weight_layer(tmp_path):
     param = tmp_path / "c.ncnn.param"
-    param.write_text("7767517\n2 2\nInput in0 0 1 in0\nConvolution conv 1 1 in0 out0 0=4 1=3 6=108\n")
-    with pytest.raises(ParamError, match="conv of type Convolution"):
+    param.write_text("7767517\n2 2\nInput in0 0 1 in0\nDeconvolution deconv 1 1 in0 out0 0=4 1=3 6=108\n")
+    with pytest.raises(ParamError, match="deconv of type Deconvolution"):
         walk_bin(read_param(param), b"\0" * 436, "c.ncnn.bin")
 
 
@@ -170,3 +170,91 @@ def test_variants_that_share_the_bin_layout_are_rewritten_with_their_graph(tmp_p
     assert np.abs(outs[0] - fp32).max() > 1e-4 * np.abs(fp32).max()  # the int8 weights really ran
     yv = tiny_package("youtu-vl") / "ncnn"
     assert not shares_layout(yv / "llm_layer0.ncnn.param", yv / "llm_layer0.decode.ncnn.param", yv / "llm_layer0.ncnn.bin")
+
+
+def _weight_gemm_toy(tmp: Path, rng: np.random.Generator, rows: int) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """in0 [rows, K] -> Gemm(constant transposed B, bias as C per column) -> out0: pnnx's layout of
+    ``nn.Linear`` on a 3-D input."""
+    w = {"w": rng.standard_normal((N, K)).astype(np.float32), "b": rng.standard_normal(N).astype(np.float32)}
+    param = tmp / "g.ncnn.param"
+    param.write_text("7767517\n2 2\n"
+                     "Input in0 0 1 in0\n"
+                     f"Gemm fc 1 1 in0 out0 10=4 2=0 3=1 4=0 5=1 6=1 7=0 8={N} 9={K}\n")
+    tag = np.uint32(TAG_FP32).tobytes()
+    weights = tmp / "g.ncnn.bin"
+    weights.write_bytes(tag + w["w"].tobytes() + tag + w["b"].tobytes())
+    return param, weights, w
+
+
+def _run_rows(param: Path, weights: Path, x: np.ndarray) -> np.ndarray:
+    net = ncnn.Net()
+    RuntimeOptions(num_threads=1).apply(net.opt)
+    assert net.load_param(str(param)) == 0 and net.load_model(str(weights)) == 0
+    ex = net.create_extractor()
+    mat, buf = to_mat(x[None], what="toy in0")  # [1, rows, K]: the runtime's 3-D layout, one channel
+    ex.input("in0", mat)
+    rc, out = ex.extract("out0")
+    assert rc == 0
+    return np.array(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("rows", [1, 37])
+def test_weight_gemm_is_rewritten_for_any_number_of_rows(tmp_path, rows):
+    """A Gemm over constant transposed weights needs no probe: int8 per row and block, its input
+    quantized per row at call time, the same shapes in and out (the compute-bound encoders)."""
+    rng = np.random.default_rng(5)
+    param, weights, w = _weight_gemm_toy(tmp_path, rng, rows)
+    x = rng.standard_normal((rows, K)).astype(np.float32)
+    out_p, out_b = tmp_path / "q.ncnn.param", tmp_path / "q.ncnn.bin"
+    receipts = rewrite_graph(param, weights, out_p, out_b, {}, block=128, gemms=True)
+    assert [(r["layer"], r["input_dims"]) for r in receipts] == [("fc", "rows")]
+    gemm = read_param(out_p).layers[-1]
+    assert gemm.type == "Gemm" and gemm.get("18") == "802" and gemm.get("8") == str(N)
+    int8_ref = np.stack([_int8_matvec(w["w"], row, 128) for row in x]) + w["b"]
+    fp32_ref = x @ w["w"].T + w["b"]
+    got = _run_rows(out_p, out_b, x).reshape(rows, N)
+    scale = np.abs(fp32_ref).max()
+    assert np.abs(got - int8_ref).max() / scale < 1e-5  # ncnn computes exactly this quantization
+    assert np.abs(got - fp32_ref).max() / scale > 1e-4  # and it is one
+    walked = walk_bin(read_param(out_p), out_b.read_bytes(), str(out_b))
+    assert [b.nbytes for b in walked["fc"]] == [N * K, 4 * N, 4 * N * 3]  # int8 B, C, scales [N][3]
+
+
+def test_gemm_of_another_layout_is_left_alone(tmp_path):
+    param, weights, _ = _weight_gemm_toy(tmp_path, np.random.default_rng(6), 4)
+    param.write_text(param.read_text().replace("3=1 4=0", "3=1 14=1 4=0"))  # transposed output
+    out_p, out_b = tmp_path / "q.ncnn.param", tmp_path / "q.ncnn.bin"
+    assert rewrite_graph(param, weights, out_p, out_b, {}, gemms=True) == []
+    assert out_b.read_bytes() == weights.read_bytes()
+
+
+def test_bin_walk_reads_convolution_multihead_attention_and_padding_records(tmp_path):
+    """The other weighted layers of graphs that hold weight Gemms (audio and VAE encoders): their
+    records are walked (and copied) in ncnn's load order."""
+    e, kd = 8, 6
+    param = tmp_path / "m.ncnn.param"
+    param.write_text("7767517\n4 4\nInput in0 0 1 in0\nPadding pad 1 1 in0 a 6=3\n"
+                     "Convolution conv 1 1 a b 0=4 1=3 5=1 6=108\n"
+                     f"MultiHeadAttention mha 1 1 b out0 0={e} 1=2 2={e * e} 3={kd} 4={kd}\n")
+    sizes = [12, 4 + 4 * 108, 4 * 4, 4 + 4 * e * e, 4 * e, 4 + 4 * e * kd, 4 * e, 4 + 4 * e * kd, 4 * e,
+             4 + 4 * e * e, 4 * e]
+    walked = walk_bin(read_param(param), b"\0" * sum(sizes), "m.ncnn.bin")
+    assert [b.nbytes for b in walked["pad"]] == [12]
+    assert [b.nbytes for b in walked["conv"]] == [4 * 108, 16]
+    assert [b.nbytes for b in walked["mha"]] == [4 * e * e, 4 * e, 4 * e * kd, 4 * e, 4 * e * kd, 4 * e, 4 * e * e, 4 * e]
+
+
+def test_only_graphs_whose_spec_sets_int8_rows_get_int8_gemms(tmp_path):
+    """Youtu-VL's vision segments and merger (specs with int8_rows) get their Gemms in int8; its
+    LLM layers (decode variants of another layout) stay fp32; Qwen3-ASR's audio encoder and
+    prefill layers (no int8_rows) keep their fp32 Gemms while its decode projections go int8."""
+    from ncnnport.convert.int8_weights import int8_package
+    from tests.cpp.packages import tiny_package
+
+    yv = int8_package(tiny_package("youtu-vl"), tmp_path / "yv")
+    assert {"vision_seg0", "vision_seg3", "merger"} <= set(yv) and not any(n.startswith("llm_layer") for n in yv)
+    assert all(r["input_dims"] == "rows" for r in yv["vision_seg0"])
+    gemms = [lay for lay in read_param(tmp_path / "yv" / "ncnn" / "vision_seg0.ncnn.param").layers if lay.type == "Gemm"]
+    assert gemms and all(lay.get("18") == "802" for lay in gemms)
+    qa = int8_package(tiny_package("qwen3-asr"), tmp_path / "qa")
+    assert "decode_layer0" in qa and not any(n.startswith(("audio", "prefill")) for n in qa)

@@ -103,3 +103,16 @@ def test_sweep_rows_carry_their_budget_and_the_machine():
     assert bf16["budget"]["max_abs_rel"] == pytest.approx(2 * 56 * UNIT_ROUNDOFF["bf16"])
     assert result["machine"]["cpu_model"] and "ncnn" in result["machine"]
     assert math.isclose(bf16["worst_rel_max_abs"], 1e-3)
+
+
+def test_a_derived_budget_stops_at_the_perturbation_limit() -> None:
+    """A rule whose margin x kappa x u passes 0.5 (Qwen3-ASR's kappa 56 under int8) gets the limit,
+    not a relative gate no single wrong element could fail; below it the rule is unchanged."""
+    from ncnnport.parity.budgets import PERTURBATION_LIMIT, RoundoffRule, derive
+
+    fp32 = Tolerance(min_cosine=0.999999, max_abs_rel=1e-4, max_abs_floor=1e-6)
+    loud = derive(RoundoffRule(kappa_abs=56, kappa_cos=56), "int8_weights", fp32)
+    assert loud.max_abs_rel == PERTURBATION_LIMIT and loud.min_cosine == pytest.approx(1 - PERTURBATION_LIMIT ** 2 / 2)
+    quiet = derive(RoundoffRule(kappa_abs=4, kappa_cos=12), "bf16", fp32)
+    assert quiet.max_abs_rel == pytest.approx(2 * 4 * 2 ** -8)
+    assert quiet.min_cosine == pytest.approx(1 - (2 * 12 * 2 ** -8) ** 2 / 2)
