@@ -72,13 +72,16 @@ def bench_precision(name: str) -> precisions.Precision:
 def int8_block(param: Path) -> Path:
     """``param``'s graph with its weight Gemms in int8 (``convert.int8_weights.rewrite_graph``
     with ``gemms``, what ``int8_package`` does to a vision segment, whose spec sets
-    ``int8_rows``) beside it, as ``<name>.int8w.ncnn.param``; redone when missing or older."""
+    ``int8_rows``) beside it, as ``<name>.int8w.ncnn.param``; redone when missing or older than
+    the fp32 weights or the rewrite's code."""
+    from ncnnport.convert import int8_weights
     from ncnnport.convert.int8_weights import rewrite_graph
 
     weights = param.with_name(param.name.replace(".param", ".bin"))
     out = param.with_name(param.name.replace(".ncnn.param", ".int8w.ncnn.param"))
     out_bin = out.with_name(out.name.replace(".param", ".bin"))
-    if not (out.is_file() and out_bin.is_file() and out_bin.stat().st_mtime >= weights.stat().st_mtime):
+    newest_input = max(weights.stat().st_mtime, Path(int8_weights.__file__).stat().st_mtime)
+    if not (out.is_file() and out_bin.is_file() and out_bin.stat().st_mtime >= newest_input):
         if not rewrite_graph(param, weights, out, out_bin, {}, gemms=True):
             raise RuntimeError(f"{param}: no weight Gemm to run in int8")
     return out

@@ -91,13 +91,16 @@ def test_tiny_package_passes_every_golden_case(cpp_exe, package, model):
     assert "| manifest | manifest.json | PASS |" in res.stdout
 
 
-def test_derived_int8_package_is_judged_in_its_precision_as_the_python_verify(cpp_exe):
+@pytest.mark.parametrize("model", ["qwen3-asr", "youtu-vl"])
+def test_derived_int8_package_is_judged_in_its_precision_as_the_python_verify(cpp_exe, model):
     """package-int8w (model.json precision int8-weights): every golden row passes under the
     packaged policy's int8_weights budget, the heading says that mode, and each row's verdict is
-    the Python verify's. Before the precision field both judged it by the fp32 gates and failed."""
+    the Python verify's. Before the precision field both judged it by the fp32 gates and failed.
+    Youtu-VL's holds its vision segments' Gemms in int8 (many rows: the executable's int8 Gemm
+    hands them to ncnn's)."""
     from tests.cpp.packages import tiny_precision_package
 
-    pkg = tiny_precision_package("qwen3-asr", "int8-weights")
+    pkg = tiny_precision_package(model, "int8-weights")
     cpp, py = run_exe("verify", str(pkg)), python_verify(pkg)
     assert cpp.returncode == 0 and py.returncode == 0, cpp.stdout + cpp.stderr + py.stdout + py.stderr
     assert "judged as int8_weights; CPU)" in cpp.stdout.splitlines()[0]
