@@ -284,8 +284,8 @@ def rewrite_graph(param: Path, weights: Path, out_param: Path, out_bin: Path,
     layers: list[ParamLayer] = []
     receipts = []
     replacements: dict[str, Callable[[ParamLayer], list[ParamLayer]]] = {}
+    raw = lambda b: data[b.offset - (4 if b.tag is not None else 0):b.offset + b.nbytes]  # noqa: E731  a record, flag word included
     for layer in graph.layers:
-        raw = lambda b: data[b.offset - (4 if b.tag is not None else 0):b.offset + b.nbytes]  # noqa: E731
         dims = input_dims.get(layer.name)
         gemm = gemms and is_weight_gemm(layer)
         if not gemm and (dims not in (1, 2) or not _is_candidate(layer)):
