@@ -33,8 +33,14 @@ void GemvPrefetchChoice::record(bool prefetch, size_t weight_bytes, double secon
     if (prefetch) on_.push_back(gbps);
     else if (off_.size() > on_.size()) off_.back() = gbps;  // the plain call before found no pair: replaced
     else off_.push_back(gbps);
-    if (static_cast<int>(on_.size()) >= kGemvPrefetchSamples && static_cast<int>(off_.size()) >= kGemvPrefetchSamples)
-        state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchWinsNeeded ? 1 : 0;
+    const int pairs = static_cast<int>(std::min(on_.size(), off_.size()));
+    if (pairs == kGemvPrefetchSamples) {
+        const int won = prefetch_pairs_won(on_, off_);
+        if (won >= kGemvPrefetchWinsNeeded) state_ = 1;
+        else if (won <= kGemvPrefetchNoEffectWins) state_ = 0;  // else: 8 more pairs
+    } else if (pairs >= kGemvPrefetchExtendedSamples) {
+        state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchExtendedWinsNeeded ? 1 : 0;
+    }
 }
 
 GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {

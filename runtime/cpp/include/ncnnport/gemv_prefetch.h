@@ -14,8 +14,14 @@
 // being a larger share of a small call), and prefetch is
 // kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
 // of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
-// real difference, 7 or more wins of 8 come with probability at most 9/256). One choice per weight width
-// (fp32, fp16), per process, and one per decode-attention product (the K/V cache stream, below).
+// real difference, 7 or more wins of 8 come with probability at most 9/256). The test is
+// sequential: 5 or 6 wins of 8 (neither no effect, at most 4, nor a clear one) take 8 more pairs
+// and keep prefetch at 13 or more wins of the 16. Why: transient stalls on a shared machine turned
+// a real gain into 6 wins of 8 (the 2-core Xeon's fp16 stream, on in most runs, then 39.8-45.0
+// against 31.4-34.2 ms per token); the extension keeps the guard (with no real difference prefetch
+// is kept with probability at most 10.2/256: 9/256 at 8 pairs, 1.2/256 more through the
+// extension). One choice per weight width (fp32, fp16), per process, and one per decode-attention
+// product (the K/V cache stream, below).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +35,9 @@ constexpr size_t kGemvPrefetchBytes = 4096;           // distance ahead in the w
 constexpr size_t kGemvPrefetchMinBytes = 4u << 20;    // layers that stream from DRAM (> any L2)
 constexpr int kGemvPrefetchSamples = 8;               // pairs of calls before choosing
 constexpr int kGemvPrefetchWinsNeeded = 7;            // pairs prefetch must win
+constexpr int kGemvPrefetchNoEffectWins = 4;          // at most this many of 8: off without more pairs
+constexpr int kGemvPrefetchExtendedSamples = 16;      // pairs after an undecided first 8
+constexpr int kGemvPrefetchExtendedWinsNeeded = 13;   // wins of the 16 that keep prefetch
 // A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
