@@ -13,12 +13,18 @@ using nlohmann::json;
 namespace ncnnport {
 namespace {
 
+// budgets.py INT8_ROUNDOFF: the relative rounding with int8's rms error, bf16's 2^-8 times
+// crest x 256/254 (crest 2.83: a 128-block of Gaussian values' expected absmax / rms).
+constexpr double kInt8Roundoff = 2.83 * 256.0 / 254.0 / 256.0;
+// budgets.py PERTURBATION_LIMIT: the largest relative error a derived budget allows.
+constexpr double kPerturbationLimit = 0.5;
+
 // parity/budgets.py UNIT_ROUNDOFF: half an ulp of 1.0 in each mode's storage format.
 const std::map<std::string, double>& unit_roundoff() {
     static const std::map<std::string, double> u = {
         {"fp32", std::ldexp(1.0, -24)},          {"fp16", std::ldexp(1.0, -11)},
         {"fp16_weights", std::ldexp(1.0, -11)},  {"fp16_arithmetic", std::ldexp(1.0, -11)},
-        {"int8_weights", 1.0 / 254.0},  // half a step of the absmax/127 grid (package-int8w)
+        {"int8_weights", kInt8Roundoff},         // budgets.py INT8_ROUNDOFF (package-int8w)
         {"bf16", std::ldexp(1.0, -8)},           {"vulkan_fp32", std::ldexp(1.0, -24)},
         {"vulkan_fp16", std::ldexp(1.0, -11)},
     };
@@ -94,11 +100,12 @@ double effective_roundoff(const std::string& mode, long long length, const std::
     return u + approximation_error(mode);
 }
 
-// budgets.derive: the mode's budget under the rule, never tighter than the fp32 gate.
+// budgets.derive: the mode's budget under the rule, never tighter than the fp32 gate and never
+// past the perturbation limit.
 Gate derive(const Rule& rule, const std::string& mode, const Gate& fp32, const std::string& where) {
     const double u = effective_roundoff(mode, rule.length_for(mode), where);
-    const double rel = rule.margin * rule.kappa_abs * u;
-    const double e = rule.margin * rule.kappa_cos * u;
+    const double rel = std::min(rule.margin * rule.kappa_abs * u, kPerturbationLimit);
+    const double e = std::min(rule.margin * rule.kappa_cos * u, kPerturbationLimit);
     const double deficit = 0.5 * (e * e);
     const double max_abs_rel = std::max(rel, fp32.max_abs_rel);
     const double scale = fp32.max_abs_rel > 0 ? max_abs_rel / fp32.max_abs_rel : 1.0;
