@@ -203,6 +203,10 @@ class ModuleSpec:
     # not only its matrix-vector products (convert.int8_weights): for compute-bound graphs where
     # ncnn's int8 dot products pay and the model's int8 budgets were measured to hold
     int8_rows: bool = False
+    # runtime hint: the pipeline makes up to this many independent calls of the graph at once
+    # (Youtu-VL's windows). A session on T threads loads it for ceil(T / concurrent_calls)
+    # threads per call (runtime.concurrent_calls.split_threads) and runs the calls side by side
+    concurrent_calls: int = 1
     # checkpoint tensors the graph reads, as name patterns over the weight source's names: a
     # prefix (``model.layers.3`` = that name and everything under ``model.layers.3.``), a glob
     # (``*.attn.proj_qkv.*``), or ``name@start:stop`` for rows of one tensor (a vocab shard).
@@ -236,6 +240,8 @@ class ModuleSpec:
             raise ValueError(f"module {self.name}: duplicate tensor names {names}")
         for w in self.weights:
             check_weight_pattern(w, f"module {self.name}")
+        if self.concurrent_calls < 1:
+            raise ValueError(f"module {self.name}: concurrent_calls {self.concurrent_calls} must be >= 1")
         variant_names = [v.name for v in self.variants]
         if len(set(variant_names)) != len(variant_names):
             raise ValueError(f"module {self.name}: duplicate graph variants {variant_names}")
@@ -312,6 +318,7 @@ class ModuleSpec:
             "variants": [v.to_json() for v in self.variants],
             "release_after_call": self.release_after_call,
             "int8_rows": self.int8_rows,
+            "concurrent_calls": self.concurrent_calls,
             "weights": {"patterns": list(self.weights), "tensors": list(self.weight_tensors),
                         "files": dict(self.weight_files)},
         }

@@ -8,6 +8,7 @@ validated against it, so pipelines, parity and benchmarks run unchanged on eithe
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ncnnport.contract import SUPPORTED_DTYPES, TensorSpec, parse_axis, tensor_specs_from_json, variant_param_name
 from ncnnport.package.param_file import read_param
+from ncnnport.runtime.concurrent_calls import split_threads
 from ncnnport.runtime.huge_pages import back_large_mappings_with_huge_pages
 from ncnnport.runtime.mats import from_mat, to_mat
 from ncnnport.runtime.options import FP32, RuntimeOptions
@@ -110,6 +112,20 @@ class NcnnModule:
             raise NcnnError(f"module {self.name}: Vulkan requested but ncnn sees no GPU")
         self.net = ncnn.Net()
         options.apply(self.net.opt)
+        # a graph the pipeline calls several times at once is loaded for one call's share of
+        # the threads (concurrent_calls.split_threads: ncnn's Gemm keeps its load-time count).
+        # Not on Vulkan (one queue) or with pools emptied after every call (one call's clear
+        # would free another's blocks).
+        concurrent = int(spec.get("concurrent_calls", 1))
+        if options.use_vulkan or (spec.get("release_after_call") and options.low_memory):
+            concurrent = 1
+        self.split = split_threads(options.num_threads, concurrent)
+        self.net.opt.num_threads = self.split.threads_each
+        # run_each's workers live as long as the module: each thread that calls ncnn gets its own
+        # OpenMP team, and new threads per batch would start new teams at every layer call (the
+        # device's 16 threads, int8 448 window layer: new workers per batch 27-31 ms, slower than
+        # one window at a time, 25-27; workers kept 21 ms against 33-35 in the same rounds)
+        self._pool: ThreadPoolExecutor | None = None
         # Graphs whose activations dwarf their weights (a VAE at 512x512: 8 GB for one decode
         # stage) can get their own pools, emptied after every call (``low_memory``): ncnn's
         # per-Net pools otherwise keep each graph's peak, so a chain of such graphs holds the SUM
@@ -141,6 +157,17 @@ class NcnnModule:
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.run_with(arrays)[0]
+
+    def run_each(self, calls: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
+        """``[self.run(c) for c in calls]``, up to ``self.split.workers`` of them at a time on
+        this net, each on ``self.split.threads_each`` threads: for independent calls too small
+        to fill the threads alone (Youtu-VL's windows; the spec's ``concurrent_calls``).
+        Outputs in call order, each call validated as ``run`` validates it."""
+        if min(self.split.workers, len(calls)) < 2:
+            return [self.run(c) for c in calls]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.split.workers, thread_name_prefix=f"ncnn-{self.name}")
+        return list(self._pool.map(self.run, calls))
 
     def run_with(self, arrays: Sequence[np.ndarray],
                  borrow: Callable[[np.ndarray], Any] | None = None) -> tuple[list[np.ndarray], list[str]]:

@@ -33,7 +33,7 @@ from ncnnport.lazy_weights import TensorsSource, WeightSource
 from ncnnport.models.youtu_vl.checkpoint import IGNORED_KEYS, TIED_KEY
 from ncnnport.models.youtu_vl import wrappers
 from ncnnport.models.youtu_vl.model import YoutuVL
-from ncnnport.models.youtu_vl.pipeline import DECODE  # the variant name lives with the torch-free pipeline
+from ncnnport.models.youtu_vl.pipeline import DECODE, WINDOW_CONCURRENT_CALLS  # the variant name lives with the torch-free pipeline
 from ncnnport.models.youtu_vl.pipeline import (EMBED, MERGER, VISION, HeadShard, VisionSegment,
                                                head_shards, layer_masks, layer_name, vision_segments)
 from ncnnport.models.youtu_vl.processor import patch_permutation, patch_positions, window_layout
@@ -112,6 +112,7 @@ def _segment_spec(vl: YoutuVL, seg: VisionSegment) -> ModuleSpec:
                 TensorSpec("sin", (1, "patches", v.head_dim))],
         outputs=[TensorSpec("vision_hidden" if seg.last else "hidden_out", (1, "patches", v.hidden_size))],
         axes=axes, make_inputs=make, parity_sizes=extra, int8_rows=VISION_INT8_ROWS,
+        concurrent_calls=WINDOW_CONCURRENT_CALLS if seg.windowed else 1,
         weights=tuple(([f"{TOWER}.embeddings.patch_embedding"] if seg.first else [])
                       + [f"{TOWER}.encoder.layers.{i}" for i in range(seg.start, seg.end)]
                       + ([f"{TOWER}.post_layernorm"] if seg.last else [])),

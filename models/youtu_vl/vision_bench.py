@@ -47,8 +47,10 @@ from ncnnport.contract import Tolerance
 from ncnnport.metrics import compare, judge
 from ncnnport.models.youtu_vl.config import VisionConfig
 from ncnnport.models.youtu_vl.processor import patch_positions, target_size, window_layout
+from ncnnport.models.youtu_vl.pipeline import WINDOW_CONCURRENT_CALLS
 from ncnnport.parity.policy import Policy
 from ncnnport.runtime import precision as precisions
+from ncnnport.runtime.concurrent_calls import run_each
 from ncnnport.runtime.rope2d import axial_cos_sin, axial_inv_freq
 
 TARGET_RATIO = 1.5  # issue 17: the vision encoder >= 1.5x torch at each size
@@ -154,12 +156,13 @@ def rope_inputs(case: LayerCase, cfg: VisionConfig, rng: np.random.Generator) ->
 
 
 def ncnn_layer_call(runner: Any, inputs: list[np.ndarray], spans: Sequence[tuple[int, int]]) -> Callable[[], np.ndarray]:
-    """One layer as ``run_vision_segments`` runs it: the graph once per span, outputs concatenated."""
+    """One layer as ``run_vision_segments`` runs it: the graph once per span (side by side as
+    the runner's ``concurrent_calls`` allows), outputs concatenated."""
     x, cos, sin = inputs
     parts = [[np.ascontiguousarray(t[:, a:b]) for t in (x, cos, sin)] for a, b in spans]
 
     def call() -> np.ndarray:
-        return np.concatenate([runner.run(p)[0] for p in parts], axis=1)
+        return np.concatenate([out[0] for out in run_each(runner, parts)], axis=1)
     return call
 
 
@@ -213,14 +216,16 @@ def build_graphs(cfg: VisionConfig, out: Path, seed: int = 0) -> tuple[Any, dict
     return tower, graphs
 
 
-def segment_spec(name: str, cfg: VisionConfig) -> dict[str, Any]:
+def segment_spec(name: str, cfg: VisionConfig, concurrent_calls: int = 1) -> dict[str, Any]:
     """The spec JSON of a middle vision segment (no embedding, no post-LN)."""
     t = lambda n, d: {"name": n, "shape": [1, "patches", d], "dtype": "float32"}  # noqa: E731
     return {"name": name, "inputs": [t("x", cfg.hidden_size), t("cos", cfg.head_dim), t("sin", cfg.head_dim)],
-            "outputs": [t("hidden_out", cfg.hidden_size)], "axes": {"patches": [192, 64]}}
+            "outputs": [t("hidden_out", cfg.hidden_size)], "axes": {"patches": [192, 64]},
+            "concurrent_calls": concurrent_calls}
 
 
-def open_graph(param: Path, cfg: VisionConfig, threads: int, precision: str = "fp32") -> Any:
+def open_graph(param: Path, cfg: VisionConfig, threads: int, precision: str = "fp32",
+               concurrent_calls: int = 1) -> Any:
     from ncnnport.runtime.options import RuntimeOptions
     from ncnnport.runtime.session import NcnnModule
 
@@ -229,7 +234,20 @@ def open_graph(param: Path, cfg: VisionConfig, threads: int, precision: str = "f
     name = param.name.split(".")[0]
     if p.int8_weights:
         param = int8_block(param)
-    return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")), segment_spec(name, cfg), options)
+    return NcnnModule(param, param.with_name(param.name.replace(".param", ".bin")),
+                      segment_spec(name, cfg, concurrent_calls), options)
+
+
+def open_runners(graphs: dict[str, Path], cfg: VisionConfig, threads: int, precision: str = "fp32",
+                 window_calls: int = WINDOW_CONCURRENT_CALLS) -> dict[str, Any]:
+    """The window block as the pipeline's window segments run (``concurrent_calls`` =
+    ``window_calls``, the package's ``WINDOW_CONCURRENT_CALLS`` unless trying another), the
+    full-attention block, and the window block once more opened for one window after another on
+    all threads (``window_serial``: what running the windows side by side gains, timed in the
+    same rounds)."""
+    return {"window": open_graph(graphs["window"], cfg, threads, precision, window_calls),
+            "full": open_graph(graphs["full"], cfg, threads, precision),
+            "window_serial": open_graph(graphs["window"], cfg, threads, precision)}
 
 
 def layer_parity(reference: np.ndarray, candidate: np.ndarray, gate: Tolerance) -> dict[str, Any]:
@@ -248,7 +266,8 @@ def peak_rss_mb() -> float:
 def measure_case(case: LayerCase, tower: Any, runners: dict[str, Any], cfg: VisionConfig,
                  rounds: int, gate: Tolerance | None = None) -> dict[str, Any]:
     """Median ms per layer kind and runtime over ``rounds`` interleaved rounds (1 warm-up), the
-    per-round torch/ncnn ratios' median, each layer's parity against the torch block (judged by
+    per-round torch/ncnn ratios' median, the window layer's windows run one after another too
+    (``serial_ms``, timed in the same rounds: what running them side by side gains), each layer's parity against the torch block (judged by
     ``gate``, from the warm-up calls; fp32's by default), and the process's peak RSS after the
     ncnn calls and after the torch calls (the torch side allocates its own activations and score
     matrices)."""
@@ -264,11 +283,15 @@ def measure_case(case: LayerCase, tower: Any, runners: dict[str, Any], cfg: Visi
     th = [torch_layer_call(blocks[0], inputs, case.windows), torch_layer_call(blocks[1], inputs, whole)]
     parity = {kind: layer_parity(call().numpy(), out[0], gate) for kind, call, out in zip(("window", "full"), th, got)}
     del got
-    times = interleaved_ms([nc[0], th[0], nc[1], th[1]], rounds, warmup=0)
+    serial = ncnn_layer_call(runners["window_serial"], inputs, case.windows)
+    times = interleaved_ms([nc[0], th[0], nc[1], th[1], serial], rounds, warmup=0)
+    *times, serial_times = times
     med = [statistics.median(t) for t in times]
     ratio = lambda a, b: statistics.median(y / x for x, y in zip(times[a], times[b]))  # noqa: E731
     return {"size": case.label, "patches": case.patches, "windows": len(case.windows), "rounds": rounds,
             "window_ms": {"ncnn": med[0], "torch": med[1], "ratio": ratio(0, 1)},
+            "serial_ms": {"ncnn": statistics.median(serial_times),
+                          "gain": statistics.median(s / c for c, s in zip(times[0], serial_times))},
             "full_ms": {"ncnn": med[2], "torch": med[3], "ratio": ratio(2, 3)},
             "encoder_ratio": encoder_round_ratio(times, cfg), "round_ms": times, "parity": parity,
             "peak_rss_mb": {"after_ncnn": rss_ncnn, "after_torch": peak_rss_mb()}, "extrapolated": False}
@@ -333,8 +356,8 @@ def table(rows: Sequence[dict[str, Any]], cfg: VisionConfig, threads: int, preci
     out = [f"| threads | ncnn precision | size | patches | windows | window layer ncnn / torch ms (x) "
            f"| full layer ncnn / torch ms (x) | encoder ({n_win} win + {n_full} full) ncnn / torch s "
            f"| ratio (per round) | max_abs/max\\|ref\\| window / full{gate_text} | >= {TARGET_RATIO}x "
-           f"| peak RSS MB (ncnn / +torch) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"| peak RSS MB (ncnn / +torch) | window layer, windows one by one: ncnn ms (side by side x) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         enc = encoder_row(r, cfg)
         w, f = r["window_ms"], r["full_ms"]
@@ -343,8 +366,13 @@ def table(rows: Sequence[dict[str, Any]], cfg: VisionConfig, threads: int, preci
                    f"| {r['patches']} | {r['windows']} | {w['ncnn']:.0f} / {w['torch']:.0f} ({w['ratio']:.2f}) "
                    f"| {f['ncnn']:.0f} / {f['torch']:.0f} ({f['ratio']:.2f}) "
                    f"| {enc['ncnn'] / 1e3:.1f} / {enc['torch'] / 1e3:.1f} | {enc['ratio']:.2f} "
-                   f"| {_parity_text(r)} | {verdict(r, cfg)} | {_rss_text(rss)} |")
+                   f"| {_parity_text(r)} | {verdict(r, cfg)} | {_rss_text(rss)} | {_serial_text(r)} |")
     return out
+
+
+def _serial_text(row: dict[str, Any]) -> str:
+    serial = row.get("serial_ms")
+    return "-" if not serial else f"{serial['ncnn']:.0f} ({serial['gain']:.2f})"
 
 
 def _rss_text(rss: dict[str, float] | None) -> str:
@@ -361,7 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--build", type=Path, default=Path("build/youtu-vl/vision-bench"))
     p.add_argument("--precision", default="fp32",
                    help="runtime/precision.py name the ncnn blocks run (ncnn option precisions; torch stays fp32)")
+    p.add_argument("--window-calls", type=int, default=WINDOW_CONCURRENT_CALLS,
+                   help="windows run side by side (the window segments' concurrent_calls; the package "
+                        f"uses {WINDOW_CONCURRENT_CALLS}): to measure another split of the threads")
     args = p.parse_args(argv)
+    if args.window_calls < 1:
+        p.error("--window-calls: give 1 or more")
     cfg = VisionConfig()
     try:
         cases = [case_for(size, cfg) for size in args.sizes.split(",") if size]
@@ -375,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     tower, graphs = build_graphs(cfg, args.build)
-    runners = {k: open_graph(v, two_block_config(cfg), args.threads, args.precision) for k, v in graphs.items()}
+    runners = open_runners(graphs, two_block_config(cfg), args.threads, args.precision, args.window_calls)
     rows = []
     for case in cases:
         rows.append(measure_case(case, tower, runners, cfg, args.rounds, gate))
@@ -385,8 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ncnnport.runtime.machine import cpu_record
 
     cpu = cpu_record()
+    split = runners["window"].split
     print(f"machine: {cpu['cpu_model']} ({cpu['arch']}: {' '.join(cpu['isa_features']) or 'baseline ISA'}); "
-          f"ncnn {args.precision}, torch fp32 eager; threads {args.threads}; {args.rounds} rounds")
+          f"ncnn {args.precision}, torch fp32 eager; threads {args.threads}; {args.rounds} rounds; "
+          f"windows side by side: {split.workers} at a time, {split.threads_each} threads each")
     print("\n".join(table(rows, cfg, args.threads, args.precision, gate)))
     return 0
 

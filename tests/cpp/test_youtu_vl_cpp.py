@@ -157,6 +157,24 @@ def test_tokens_equal_the_python_package_loop(exe, package, images, tmp_path):
 
 
 @pytest.mark.slow
+def test_windows_run_side_by_side_with_the_same_tokens(exe, package, images, tmp_path):
+    """On 3 threads the window segments (spec concurrent_calls 4) load for one thread per window
+    and run 3 windows at a time; --serial-windows loads them for 3 threads, one window at a time.
+    Both give the Python loop's tokens."""
+    prompt, image = "What is in the picture?", images["multi_window_180x270"][0]
+    side = cpp_ids(exe, package, prompt, image, tmp_path / "side.json", "--threads", "3")
+    serial = cpp_ids(exe, package, prompt, image, tmp_path / "serial.json", "--threads", "3", "--serial-windows")
+    windowed = side["timing"]["concurrent_calls"]
+    assert set(windowed) == {"vision_seg0", "vision_seg2"}, windowed  # tiny: segments 1 and 3 are full attention
+    assert all(v == {"workers": 3, "threads_each": 1} for v in windowed.values()), windowed
+    assert serial["timing"]["concurrent_calls"] == {}
+    for run in (side, serial):  # the vision graphs' own time, inside the vision stage's
+        assert 0 < run["timing"]["vision_graph_s"] <= run["timing"]["vision_s"]
+    want = python_ids(package, prompt, image)
+    assert side["chunks"][0]["token_ids"] == serial["chunks"][0]["token_ids"] == want
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("perturb,prompt,image", [
     ("reverse-windows", "What is in the picture?", "multi_window_180x270"),
     ("rope-shift", "Tell me a short story about a red house.", None)])

@@ -94,3 +94,50 @@ def test_a_cpu_session_asked_for_huge_pages_runs_the_step_once_loaded(toy_packag
     assert calls == []
     opened = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", rec, FP32.with_(huge_pages=True))
     assert calls == [1] and opened.options.huge_pages
+
+
+def test_run_each_side_by_side_equals_one_by_one(toy_package):
+    """A graph whose spec allows 4 concurrent calls, on 2 threads: loaded for one thread per call,
+    2 calls at a time, each call's outputs those of the same call run alone (bit for bit: both
+    run on one thread) and in call order."""
+    from ncnnport.runtime.concurrent_calls import CallSplit
+
+    d, spec = toy_package["dir"], toy_package["spec"]
+    record = {**toy_package["record"], "concurrent_calls": 4}
+    both = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32.with_(num_threads=2))
+    alone = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", toy_package["record"], FP32)
+    assert both.split == CallSplit(2, 1) and both.net.opt.num_threads == 1
+    calls = [spec.example_inputs({"seq": n}, seed=n) for n in (3, 9, 1, 17, 5)]
+    got = both.run_each(calls)
+    assert len(got) == len(calls)
+    for c, outs in zip(calls, got):
+        for want, have in zip(alone.run(c), outs):
+            np.testing.assert_array_equal(want, have)
+
+
+def test_run_each_runs_calls_at_the_same_time(toy_package, monkeypatch):
+    """Two calls must be inside ``run`` together: a barrier for two parties breaks (and the test
+    fails) when the calls run one after another."""
+    import threading
+
+    d, spec = toy_package["dir"], toy_package["spec"]
+    record = {**toy_package["record"], "concurrent_calls": 2}
+    mod = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32.with_(num_threads=2))
+    barrier = threading.Barrier(2, timeout=30)
+    plain = mod.run
+
+    def meeting(arrays):
+        barrier.wait()
+        return plain(arrays)
+
+    monkeypatch.setattr(mod, "run", meeting)
+    assert len(mod.run_each([spec.example_inputs({"seq": 4})] * 4)) == 4
+
+
+def test_concurrent_calls_stay_serial_where_sharing_is_unsound(toy_package):
+    """Pools emptied after every call (low memory) would free one call's blocks under another:
+    such a graph keeps all its threads on one call at a time."""
+    d = toy_package["dir"]
+    record = {**toy_package["record"], "concurrent_calls": 4, "release_after_call": True}
+    mod = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32.with_(num_threads=4, low_memory=True))
+    assert (mod.split.workers, mod.split.threads_each, mod.net.opt.num_threads) == (1, 4, 4)

@@ -233,8 +233,17 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
     const auto weights = package / "ncnn" / (name + ".ncnn.bin");
     for (const auto& p : {param, weights})
         if (!std::filesystem::is_regular_file(p)) throw PackageError(p.string() + ": missing (graph " + name_ + ")");
+    // contract.ModuleSpec.concurrent_calls: independent calls the pipeline makes at once. Not on
+    // Vulkan (one queue); --serial-windows keeps one call at a time on all threads.
+    int concurrent = 1;
+    if (spec.has("concurrent_calls") && options.concurrent_calls && !options.vulkan) {
+        const int64_t k = spec.integer("concurrent_calls");
+        if (k < 1 || k > 4096) spec.fail("concurrent_calls", "must be 1..4096, got " + std::to_string(k));
+        concurrent = static_cast<int>(k);
+    }
     try {
-        net_->opt = precision_options(options.threads, options.vulkan, options.precision);
+        split_ = split_threads(options.threads, concurrent);
+        net_->opt = precision_options(split_.threads_each, options.vulkan, options.precision);
     } catch (const std::invalid_argument& e) {
         throw GraphError("graph " + name_ + ": " + e.what());
     }
@@ -316,12 +325,31 @@ bool compact(const ncnn::Mat& m) {
 }  // namespace
 
 std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Tensor> outs = run_call(inputs);
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return outs;
+}
+
+std::vector<std::vector<Tensor>> Graph::run_each(const std::vector<std::vector<ncnn::Mat>>& calls) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<Tensor>> outs(calls.size());
+    if (std::min(static_cast<size_t>(split_.workers), calls.size()) < 2) {
+        for (size_t i = 0; i < calls.size(); ++i) outs[i] = run_call(calls[i]);
+    } else {
+        if (!workers_) workers_ = std::make_unique<CallWorkers>(split_.workers);
+        workers_->run(calls.size(), [&](size_t i) { outs[i] = run_call(calls[i]); });
+    }
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return outs;
+}
+
+std::vector<Tensor> Graph::run_call(const std::vector<ncnn::Mat>& inputs) const {
     if (inputs.size() != inputs_.size())
         throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
                          + std::to_string(inputs_.size()));
     std::map<std::string, int64_t> sizes;
     for (size_t i = 0; i < inputs.size(); ++i) bind_input(inputs_[i], inputs[i], sizes);
-    const auto t0 = std::chrono::steady_clock::now();
     ncnn::Extractor ex = net_->create_extractor();
     const bool upload = net_->opt.use_vulkan_compute;
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -333,7 +361,6 @@ std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
         if (rc != 0)
             throw GraphError("graph " + name_ + ": extract('" + outputs_[i].name + "') returned " + std::to_string(rc));
     }
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<Tensor> outs;
     for (size_t i = 0; i < outputs_.size(); ++i) outs.push_back(fetch_output(outputs_[i], mats[i], sizes));
     return outs;

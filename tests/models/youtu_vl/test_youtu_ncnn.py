@@ -128,6 +128,31 @@ def test_masked_vision_tower_graph(tiny, tmp_path):
         assert stats.cosine > 0.999999 and stats.max_abs < 1e-4 * stats.ref_absmax, stats
 
 
+def test_windows_side_by_side_equal_one_by_one(built, tiny):
+    """The vision segments on 4 threads: window segments (concurrent_calls 4) run their windows
+    4 at a time on one thread each, full-attention segments one call on 4 threads. The tower
+    output equals the 1-thread run's to fp32 roundoff (the full segments' Gemm tiles follow the
+    thread count)."""
+    from ncnnport.metrics import compare
+    from ncnnport.models.youtu_vl.fixtures import synthetic_image
+    from ncnnport.models.youtu_vl.pipeline import MERGER, encode_image, vision_segments
+    from ncnnport.models.youtu_vl.processor import process_image
+    from ncnnport.runtime.concurrent_calls import CallSplit
+    from ncnnport.runtime.lazy_modules import open_ncnn_modules
+    from ncnnport.runtime.options import FP32
+
+    vl, _ = tiny
+    _, pkg = built
+    names = [s.name for s in vision_segments(vl.cfg)] + [MERGER]
+    one, four = (open_ncnn_modules(pkg, names, FP32.with_(num_threads=t)) for t in (1, 4))
+    for seg in vision_segments(vl.cfg):
+        assert four[seg.name].split == (CallSplit(4, 1) if seg.windowed else CallSplit(1, 4)), seg.name
+    img = process_image(synthetic_image(520, 300), vl.cfg.vision, vl.cfg.processor)  # 3 x 2 windows
+    (a, _), (b, _) = encode_image(one, img, vl.cfg), encode_image(four, img, vl.cfg)
+    stats = compare(a, b)
+    assert stats.max_abs <= 1e-5 * stats.ref_absmax and stats.worst_row_cosine > 0.999999, stats
+
+
 @pytest.mark.parametrize("name", ["grid_12x18", "six_windows", "tiny_5x7", "text_only"])
 def test_ncnn_generation_matches_reference(built, converted, name):
     from ncnnport.models.youtu_vl.fixtures import FIXTURES

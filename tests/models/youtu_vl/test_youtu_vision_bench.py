@@ -124,7 +124,7 @@ def test_ncnn_layer_equals_the_reference_block_on_every_window(tmp_path) -> None
     cfg = dataclasses.replace(tiny_config().vision)
     tower, graphs = vb.build_graphs(cfg, tmp_path)
     small = vb.two_block_config(cfg)
-    runners = {k: vb.open_graph(v, small, threads=1) for k, v in graphs.items()}
+    runners = vb.open_runners(graphs, small, threads=1)
     case = vb.case_for("192x288", cfg)
     assert [b - a for a, b in case.windows] == [192, 24]
     inputs = vb.rope_inputs(case, cfg, np.random.default_rng(1))
@@ -137,6 +137,25 @@ def test_ncnn_layer_equals_the_reference_block_on_every_window(tmp_path) -> None
     row = vb.measure_case(case, tower, runners, cfg, rounds=1)
     assert row["windows"] == 2 and row["peak_rss_mb"]["after_torch"] >= row["peak_rss_mb"]["after_ncnn"] > 0
     assert all(p["passed"] and p["max_abs_rel"] < 1e-4 for p in row["parity"].values())
+    assert row["serial_ms"]["ncnn"] > 0 and row["serial_ms"]["gain"] > 0
+
+
+def test_window_layer_on_two_threads_runs_its_windows_side_by_side(tmp_path) -> None:
+    """On 2 threads the window block is loaded for one thread per window, two windows at a time
+    (the pipeline's window segments); the serial copy keeps both threads on one window. Both
+    compute the same layer."""
+    from ncnnport.runtime.concurrent_calls import CallSplit
+
+    cfg = dataclasses.replace(tiny_config().vision)
+    _, graphs = vb.build_graphs(cfg, tmp_path)
+    runners = vb.open_runners(graphs, vb.two_block_config(cfg), threads=2)
+    assert runners["window"].split == CallSplit(2, 1) and runners["window_serial"].split == CallSplit(1, 2)
+    assert runners["full"].split == CallSplit(1, 2)
+    case = vb.case_for("192x288", cfg)
+    inputs = vb.rope_inputs(case, cfg, np.random.default_rng(1))
+    side = vb.ncnn_layer_call(runners["window"], inputs, case.windows)()
+    one = vb.ncnn_layer_call(runners["window_serial"], inputs, case.windows)()
+    np.testing.assert_allclose(side, one, rtol=0, atol=1e-5 * np.abs(one).max())
 
 
 @pytest.mark.parametrize("name,least_error", [("bf16", 1e-3), ("int8-weights", 1e-5)])
@@ -149,7 +168,7 @@ def test_reduced_precision_layers_are_judged_against_the_fp32_torch_block(tmp_pa
     cfg = dataclasses.replace(tiny_config().vision)
     tower, graphs = vb.build_graphs(cfg, tmp_path)
     small = vb.two_block_config(cfg)
-    runners = {k: vb.open_graph(v, small, threads=1, precision=name) for k, v in graphs.items()}
+    runners = vb.open_runners(graphs, small, threads=1, precision=name)
     if name == "int8-weights":  # the int8 copies beside the fp32 graphs, which stay as they were
         assert sorted(p.name for p in tmp_path.glob("*.int8w.ncnn.param")) == [
             "vision_block_full.int8w.ncnn.param", "vision_block_window.int8w.ncnn.param"]

@@ -5,6 +5,7 @@
 //                     [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]
 //                     [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]
 //                     [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]
+//                     [--serial-windows]
 //
 // The flow of models/youtu_vl/packaged.generate_ids: manifest check, image read upright (EXIF
 // orientation) -> processor (size rule, antialiased bilinear, normalisation, patches) -> vision
@@ -44,6 +45,7 @@ struct Args {
     bool huge_pages = false;  // --huge-pages: weights collapsed onto 2 MiB pages after loading (huge_pages.h)
     bool matmul_kernel = true;  // --ncnn-matmul: ncnn's MatMul for decode attention (matmul_layer.h)
     bool int8_kernel = true;    // --ncnn-int8: ncnn's Gemm for int8-weights products (int8_gemv_layer.h)
+    bool concurrent_calls = true;  // --serial-windows: one window at a time on all threads (concurrent_calls.h)
     youtu_vl::Perturb perturb = youtu_vl::Perturb::none;
 };
 
@@ -56,7 +58,8 @@ const char* kUsage =
     "usage: ncnnport-youtu-vl --package DIR [--image FILE] --prompt TEXT [--threads N] [--vulkan]\n"
     "                         [--max-new-tokens N] [--max-patches N] [--json-out FILE] [--no-check]\n"
     "                         [--pixels-out FILE] [--preprocess-only] [--perturb reverse-windows|rope-shift]\n"
-    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n";
+    "                         [--ncnn-gemv | --gemv-kernel] [--precision fp32|fp16-storage|bf16] [--huge-pages] [--ncnn-matmul] [--ncnn-int8]\n"
+    "                         [--serial-windows]\n";
 
 Args parse_args(int argc, char** argv) {
     Args a;
@@ -80,6 +83,7 @@ Args parse_args(int argc, char** argv) {
         else if (flag == "--huge-pages") a.huge_pages = true;
         else if (flag == "--ncnn-matmul") a.matmul_kernel = false;
         else if (flag == "--ncnn-int8") a.int8_kernel = false;
+        else if (flag == "--serial-windows") a.concurrent_calls = false;
         else if (flag == "--precision") a.precision = value();
         else if (flag == "--preprocess-only") a.preprocess_only = true;
         else if (flag == "--perturb") {
@@ -161,7 +165,7 @@ int run(const Args& args) {
     }
 
     const ncnnport::GraphOptions graph_options{args.threads, args.vulkan, args.gemv, args.precision, args.huge_pages, args.matmul_kernel,
-                                               args.int8_kernel};
+                                               args.int8_kernel, args.concurrent_calls};
     youtu_vl::Vl vl(args.package, graph_options, args.perturb);
     const int max_new = args.max_new_tokens > 0 ? args.max_new_tokens : info.default_max_new_tokens;
     const std::vector<int> ids = vl.prompt_ids(args.prompt, image ? std::optional<int>(image->num_tokens()) : std::nullopt);
@@ -179,12 +183,13 @@ int run(const Args& args) {
                                       {"decode_s", gen.decode_s}, {"decode_steps", gen.decode_steps}};
         nlohmann::json out = {{"runtime", "cpp"}, {"model", "youtu-vl"}, {"package", args.package}, {"image", image_json},
                     {"prompt", args.prompt}, {"prompt_ids", ids}, {"text", text}, {"chunks", nlohmann::json::array({chunk})},
-                    {"timing", {{"load_s", load_s}, {"preprocess_s", preprocess_s}, {"vision_s", vision_s},
+                    {"timing", {{"load_s", load_s}, {"preprocess_s", preprocess_s}, {"vision_s", vision_s}, {"vision_graph_s", vl.vision_graph_seconds()},
                                 {"prefill_s", gen.prefill_s}, {"decode_s", gen.decode_s}, {"decode_steps", gen.decode_steps},
                                 {"decode_graph_s", gen.decode_graph_s}, {"threads", args.threads}, {"graphs", vl.opened_graphs()},
                                 {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
         out["timing"]["huge_pages"] = ncnnport::huge_pages_json(graph_options.huge_pages && !args.vulkan);
+        out["timing"]["concurrent_calls"] = vl.call_splits();
         out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried
         write_json(args.json_out, out);
     }

@@ -254,6 +254,15 @@ std::vector<std::string> Vl::opened_graphs() const {
     return names;  // std::map: sorted
 }
 
+nlohmann::json Vl::call_splits() const {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& kv : graphs_) {
+        const ncnnport::CallSplit& s = kv.second->split();
+        if (s.workers > 1) out[kv.first] = {{"workers", s.workers}, {"threads_each", s.threads_each}};
+    }
+    return out;
+}
+
 ncnnport::Graph& Vl::step_graph(const std::string& name) {
     return graph(name, step_variants_.count(name) ? kDecodeVariant : "");
 }
@@ -297,15 +306,19 @@ std::vector<float> Vl::encode_image(const ncnnport::youtu::ProcessedImage& image
                 width = static_cast<int>(out.dim(-1));
                 continue;
             }
-            std::vector<std::vector<float>> parts;
-            int out_width = 0;
+            // the windows side by side (the segment's concurrent_calls), outputs in window order
+            std::vector<std::vector<ncnn::Mat>> calls;
             for (size_t w = 0; w + 1 < layout.cu_seqlens.size(); ++w) {
                 const int a = static_cast<int>(layout.cu_seqlens[w]), rows = static_cast<int>(layout.cu_seqlens[w + 1]) - a;
-                Tensor out = g.run({rows_mat(h.data() + static_cast<size_t>(a) * width, rows, width),
-                                    rows_mat(cos.data() + static_cast<size_t>(a) * head_dim, rows, head_dim),
-                                    rows_mat(sin.data() + static_cast<size_t>(a) * head_dim, rows, head_dim)})[0];
-                out_width = static_cast<int>(out.dim(-1));
-                parts.push_back(std::move(out.data));
+                calls.push_back({rows_mat(h.data() + static_cast<size_t>(a) * width, rows, width),
+                                 rows_mat(cos.data() + static_cast<size_t>(a) * head_dim, rows, head_dim),
+                                 rows_mat(sin.data() + static_cast<size_t>(a) * head_dim, rows, head_dim)});
+            }
+            std::vector<std::vector<float>> parts;
+            int out_width = 0;
+            for (auto& outs : g.run_each(calls)) {
+                out_width = static_cast<int>(outs.at(0).dim(-1));
+                parts.push_back(std::move(outs.at(0).data));
             }
             if (perturb_ == Perturb::reverse_windows) std::reverse(parts.begin(), parts.end());
             h.clear();
@@ -374,6 +387,13 @@ double Vl::decode_graph_seconds() const {
     double s = 0.0;
     for (const auto& [name, g] : graphs_)
         if (name.rfind("llm_layer", 0) == 0 || name.rfind("lm_head", 0) == 0 || name == "text_embed") s += g->seconds();
+    return s;
+}
+
+double Vl::vision_graph_seconds() const {
+    double s = 0.0;
+    for (const auto& [name, g] : graphs_)
+        if (name.rfind("vision_", 0) == 0 || name == "merger") s += g->seconds();
     return s;
 }
 

@@ -71,6 +71,12 @@ public:
     // Names of the graphs opened so far ("llm_layer0", "llm_layer0.decode", ...), sorted: the JSON's
     // record of which graphs the steps ran.
     std::vector<std::string> opened_graphs() const;
+    // How the opened graphs split their threads among concurrent calls ({"NAME": {"workers",
+    // "threads_each"}} for graphs that run calls side by side: the window segments).
+    nlohmann::json call_splits() const;
+    // Seconds inside the vision graphs (segments or tower, merger) so far: encode_image without
+    // opening the graphs (vision_s holds both).
+    double vision_graph_seconds() const;
 
 private:
     // The graph NAME (or its VARIANT over the same weights), opened on first use.

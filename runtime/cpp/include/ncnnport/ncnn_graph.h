@@ -10,6 +10,7 @@
 
 #include <net.h>  // ncnn
 #include <nlohmann/json.hpp>
+#include "ncnnport/concurrent_calls.h"
 #include "ncnnport/gemv_choice.h"
 #if NCNN_VULKAN
 #include <command.h>  // ncnn::VkCompute
@@ -49,6 +50,10 @@ struct GraphOptions {
     // CPU nets: one-row products of int8-weights Gemms (package-int8w) by ncnnport's kernel
     // (int8_gemv_layer.h) where the CPU runs it; false (--ncnn-int8) keeps ncnn's Gemm.
     bool int8_kernel = true;
+    // Graphs whose spec sets concurrent_calls (Youtu-VL's window segments) load for a share of
+    // the threads and run_each runs that many calls at once (concurrent_calls.h); false
+    // (--serial-windows) loads every graph for all threads, one call at a time, for comparisons.
+    bool concurrent_calls = true;
 };
 
 // True when graphs opened with `options` get the gemv overwrite: a CPU net, a CPU that runs the
@@ -178,6 +183,12 @@ public:
     // symbol), feeds and extracts every output, checking return codes, and returns outputs in
     // spec order, shapes fitted to the spec rank (unit axes only) and checked.
     std::vector<Tensor> run(const std::vector<ncnn::Mat>& inputs);
+    // run() for each call, outputs in call order: up to split().workers calls at once, each on
+    // split().threads_each threads (the net was loaded for that count: ncnn's Gemm keeps it).
+    // For independent calls, e.g. the windows of a window segment. The first error any call
+    // raised is rethrown after every started call ended.
+    std::vector<std::vector<Tensor>> run_each(const std::vector<std::vector<ncnn::Mat>>& calls);
+    const CallSplit& split() const { return split_; }
 
 #if NCNN_VULKAN
     // Records this graph into `cmd` without submitting it: inputs checked against the spec as in
@@ -199,6 +210,7 @@ public:
     double seconds() const { return seconds_; }
 
 private:
+    std::vector<Tensor> run_call(const std::vector<ncnn::Mat>& inputs) const;
     void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     std::vector<int64_t> fit_output_shape(const TensorSpec& spec, std::vector<int64_t> shape,
@@ -210,6 +222,8 @@ private:
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;
     bool gemv_ = false;
+    CallSplit split_;
+    std::unique_ptr<CallWorkers> workers_;  // run_each's threads, started on its first batch
 };
 
 // A spec file's input/output list ("inputs" or "outputs") as TensorSpecs.
