@@ -116,7 +116,9 @@ class NcnnModule:
         # the threads (concurrent_calls.split_threads: ncnn's Gemm keeps its load-time count).
         # Not on Vulkan (one queue) or with pools emptied after every call (one call's clear
         # would free another's blocks).
-        concurrent = int(spec.get("concurrent_calls", 1))
+        concurrent = spec.get("concurrent_calls", 1)
+        if not isinstance(concurrent, int) or isinstance(concurrent, bool) or concurrent < 1:
+            raise NcnnError(f"module {self.name}: spec concurrent_calls {concurrent!r} is not an integer >= 1")
         if options.use_vulkan or (spec.get("release_after_call") and options.low_memory):
             concurrent = 1
         self.split = split_threads(options.num_threads, concurrent)

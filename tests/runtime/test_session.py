@@ -141,3 +141,11 @@ def test_concurrent_calls_stay_serial_where_sharing_is_unsound(toy_package):
     record = {**toy_package["record"], "concurrent_calls": 4, "release_after_call": True}
     mod = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32.with_(num_threads=4, low_memory=True))
     assert (mod.split.workers, mod.split.threads_each, mod.net.opt.num_threads) == (1, 4, 4)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "4", True])
+def test_a_malformed_concurrent_calls_fails_naming_the_module(toy_package, bad):
+    d = toy_package["dir"]
+    with pytest.raises(NcnnError, match="module toy: spec concurrent_calls"):
+        NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", {**toy_package["record"], "concurrent_calls": bad},
+                   FP32.with_(num_threads=2))
