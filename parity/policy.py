@@ -45,6 +45,15 @@ class Policy:
         or byte-exact stages): a relative number there would be a machine-fitted budget again."""
         if self.rule is None:
             return
+        propagated = self.data["roundoff_rule"].get("propagated")
+        if propagated is not None:
+            where = f"{self.path}: roundoff_rule.propagated"
+            if not isinstance(propagated, dict) or not propagated:
+                raise ValueError(f"{where}: state kappa_abs and/or kappa_cos as an object")
+            for key, value in propagated.items():
+                if key not in ("kappa_abs", "kappa_cos") or isinstance(value, bool) \
+                        or not isinstance(value, (int, float)) or value <= 0:
+                    raise ValueError(f"{where}: {key}={value!r}; only kappa_abs and kappa_cos, numbers > 0")
         for mode, body in self.data["precisions"].items():
             if mode == "fp32":
                 continue
@@ -70,12 +79,17 @@ class Policy:
             return modes.get(MODE_PARENT[precision], {})
         return modes.get(precision, {})
 
-    def _derived(self, precision: str, section: str = "", name: str = "") -> Tolerance | None:
-        """The rule's budget for ``precision`` (with a module's/stage's own kappa), or None."""
+    def _derived(self, precision: str, section: str = "", name: str = "",
+                 propagated: bool = False) -> Tolerance | None:
+        """The rule's budget for ``precision`` (with a module's/stage's own kappa; with
+        ``propagated``, raised to the rule's propagated amplification), or None."""
         rule = self.rule
         if rule is None or precision == "fp32":
             return None
-        rule = rule.override(self.data["roundoff_rule"].get(section, {}).get(name) if section else None)
+        raw = self.data["roundoff_rule"]
+        rule = rule.override(raw.get(section, {}).get(name) if section else None)
+        if propagated:
+            rule = rule.at_least(raw.get("propagated"))
         return derive(rule, precision, self.default("fp32"))
 
     @staticmethod
@@ -104,10 +118,20 @@ class Policy:
                 out[key] = self._tol(val, out["*"])
         return out
 
+    def propagated_module(self, name: str, precision: str = "fp32") -> dict[str, Tolerance]:
+        """Gates for a module's outputs when the module runs on the pipeline's own upstream
+        outputs (the first-divergence trace's propagated check): the local gates of
+        :meth:`module` where no rule derives them, else the rule raised to its propagated
+        amplification."""
+        derived = self._derived(precision, "modules", name, propagated=True)
+        return {"*": derived} if derived is not None else self.module(name, precision)
+
     def stage(self, stage: str, precision: str = "fp32") -> Tolerance:
+        """A pipeline stage's gate. Stages are propagated outputs (the pipeline on its own
+        intermediate results), so a derived one takes the rule's propagated amplification."""
         mode = self._mode(precision)
         raw = mode.get("stages", {}).get(stage)
-        derived = self._derived(precision, "stages", stage)
+        derived = self._derived(precision, "stages", stage, propagated=True)
         if derived is not None and raw is None:
             return derived
         return self._tol(raw, self.default(precision))

@@ -32,12 +32,23 @@ from ncnnport.metrics import compare, judge
 PipelineRun = Callable[[Mapping[str, Any]], Any]
 
 
-def policy_gates(policy: Any, precision: str, names: Sequence[str]) -> Callable[[str, str], Tolerance]:
+def policy_gates(policy: Any, precision: str, names: Sequence[str],
+                 propagated: bool = False) -> Callable[[str, str], Tolerance]:
     """``tolerances(module, output)`` for :func:`first_divergence` from a model's policy (None:
-    the contract's default gate for every output)."""
+    the contract's default gate for every output): the local gates, or with ``propagated`` the
+    gates of a module run on the pipeline's own outputs (``Policy.propagated_module``)."""
     default = policy.default(precision) if policy else Tolerance()
-    tols = {n: policy.module(n, precision) for n in names} if policy else {}
+    tols: dict[str, dict[str, Tolerance]] = {}
+    if policy:
+        gates = policy.propagated_module if propagated else policy.module
+        tols = {n: gates(n, precision) for n in names}
     return lambda m, o: tols[m].get(o, tols[m]["*"]) if m in tols else default
+
+
+def trace_gates(policy: Any, precision: str, names: Sequence[str]) -> dict[str, Callable[[str, str], Tolerance]]:
+    """Both gate functions of :func:`first_divergence` from a model's policy, as keywords."""
+    return {"tolerances": policy_gates(policy, precision, names),
+            "propagated_tolerances": policy_gates(policy, precision, names, propagated=True)}
 
 
 class _SpillingRecorder:
@@ -84,11 +95,14 @@ def _differs(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
 
 def first_divergence(case: str, run: PipelineRun, torch_modules: Mapping[str, Any],
                      ncnn_modules: Mapping[str, Any], tolerances: Callable[[str, str], Tolerance],
-                     keep: int = 3, keep_dir: Path | None = None, gate: str = "propagated") -> dict[str, Any]:
+                     keep: int = 3, keep_dir: Path | None = None, gate: str = "propagated",
+                     propagated_tolerances: Callable[[str, str], Tolerance] | None = None) -> dict[str, Any]:
     """Run ``run`` on the torch wrappers, then on ncnn, and compare call by call.
 
     ``run(modules)`` must make the same sequence of calls on both backends (feed forced tokens
-    for generation). ``tolerances(module, output)`` gives each output's gate.
+    for generation). ``tolerances(module, output)`` gives each output's gate for the local
+    check; ``propagated_tolerances`` the gate of its propagated check (default: the same), which
+    a policy may derive from a larger amplification (``roundoff_rule.propagated``).
     """
     if gate not in ("propagated", "local"):
         raise ValueError(f"trace gate {gate!r}: use 'propagated' or 'local'")
@@ -106,7 +120,7 @@ def first_divergence(case: str, run: PipelineRun, torch_modules: Mapping[str, An
                 tol = tolerances(module, name)
                 ps = compare(r, p, what=f"{module}/{name}", feature_axis=axis)
                 ls = compare(r, l, what=f"{module}/{name}", feature_axis=axis)
-                passed, reason = judge(ps, tol)
+                passed, reason = judge(ps, (propagated_tolerances or tolerances)(module, name))
                 local_passed, local_reason = judge(ls, tol)
                 rel = ps.max_abs / max(ps.ref_absmax, 1e-30)
                 calls.append({"order": rank.get((module, index), -1), "module": module, "call": index,

@@ -147,7 +147,7 @@ class Qwen3ASRPort(KitPort):
     def _trace(label: str, model: Any, run: Any, forced: list[int], ctx: E2EContext) -> dict[str, Any]:
         """Call-by-call first-divergence trace of one chunk, teacher-forced on the reference."""
         from ncnnport.models.qwen3_asr.runtime import make_pipeline
-        from ncnnport.parity.trace import first_divergence, policy_gates
+        from ncnnport.parity.trace import first_divergence, trace_gates
 
         def pipeline_run(modules):
             pipe = make_pipeline(modules, model)
@@ -155,7 +155,7 @@ class Qwen3ASRPort(KitPort):
             pipe.generate(run.input_ids, enc["audio_embeds"], len(forced), forced=forced)
 
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
-                                policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
+                                **trace_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
                                 keep_dir=ctx.package_dir.parent / "trace", gate=ctx.policy.trace_gate(ctx.precision))
 
     @staticmethod

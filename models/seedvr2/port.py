@@ -421,7 +421,7 @@ class SeedVR2Port(KitPort):
         """Call-by-call first-divergence trace: the pipeline on the torch wrappers vs on ncnn."""
         from ncnnport.models.seedvr2.pipeline import restore
         from ncnnport.models.seedvr2.runner import GraphBackend
-        from ncnnport.parity.trace import first_divergence, policy_gates
+        from ncnnport.parity.trace import first_divergence, trace_gates
 
         ref = ctx.loaded.reference
         txt = ref.text.numpy()
@@ -431,7 +431,7 @@ class SeedVR2Port(KitPort):
                     video, txt, seed=seed, area=area)
 
         return first_divergence(label, pipeline_run, ctx.torch_modules, ctx.ncnn_modules,
-                                policy_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
+                                **trace_gates(ctx.policy, ctx.precision, list(ctx.ncnn_modules)),
                                 keep_dir=ctx.package_dir.parent / "trace",
                                 gate=ctx.policy.trace_gate(ctx.precision))
 

@@ -311,7 +311,7 @@ def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[
     the torch-wrapper and ncnn runs make the same module calls in the same order."""
     from ncnnport.models.youtu_vl.pipeline import generate
     from ncnnport.models.youtu_vl.tied_embed import with_tied_embedding
-    from ncnnport.parity.trace import first_divergence, policy_gates
+    from ncnnport.parity.trace import first_divergence, trace_gates
 
     def pipeline_run(modules: Mapping[str, Any]) -> None:
         generate(modules, cfg, ids, processed, len(forced), stop_at_eos=False, forced=forced)
@@ -320,7 +320,7 @@ def trace_record(fixture: str, cfg: Any, ids: Any, processed: Any, forced: list[
     # added to both sets so the trace compares its calls like a graph's
     torch_mods, ncnn_mods = with_tied_embedding(ctx.torch_modules), with_tied_embedding(ctx.ncnn_modules)
     return first_divergence(fixture, pipeline_run, torch_mods, ncnn_mods,
-                            policy_gates(ctx.policy, ctx.precision, list(ncnn_mods)),
+                            **trace_gates(ctx.policy, ctx.precision, list(ncnn_mods)),
                             keep_dir=ctx.package_dir.parent / "trace",
                             gate=ctx.policy.trace_gate(ctx.precision))
 

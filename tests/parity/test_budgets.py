@@ -44,19 +44,71 @@ def test_amplification_inverts_the_rule():
 
 
 # Rows measured on a second ISA path (x86 with AVX-512) that failed the budgets fitted on AVX2:
-# (model, module, precision, max_abs, ref_absmax, worst-row cosine)
+# (model, module, precision, propagated, max_abs, ref_absmax, worst-row cosine)
 SECOND_ISA_ROWS = [
-    ("qwen3_asr", "prefill_layer0", "bf16", 4.54, 4.32 / 0.2, 0.978),   # first-divergence propagated row
-    ("seedvr2", "vae_decode_3", "fp16", 1e-4, 1.0, 0.999967),             # fp16 storage changed the VAE there
+    ("qwen3_asr", "prefill_layer0", "bf16", True, 4.54, 4.32 / 0.2, 0.978),  # first-divergence propagated row
+    ("seedvr2", "vae_decode_3", "fp16", False, 1e-4, 1.0, 0.999967),           # fp16 storage changed the VAE there
 ]
 
 
-@pytest.mark.parametrize("model,module,precision,max_abs,ref_absmax,cos", SECOND_ISA_ROWS)
-def test_second_isa_path_rows_pass_the_derived_budgets(model, module, precision, max_abs, ref_absmax, cos):
+@pytest.mark.parametrize("model,module,precision,propagated,max_abs,ref_absmax,cos", SECOND_ISA_ROWS)
+def test_second_isa_path_rows_pass_the_derived_budgets(model, module, precision, propagated, max_abs, ref_absmax, cos):
     policy = Policy.load(ROOT / "models" / model / "policy.json")
-    tol = policy.module(module, precision)["*"]
+    tol = (policy.propagated_module if propagated else policy.module)(module, precision)["*"]
     passed, reason = judge(stats(max_abs, ref_absmax, cos), tol)
     assert passed, reason
+
+
+# Qwen3-ASR's worst LOCAL rows (the graph fed the reference's exact inputs; the first-divergence
+# trace's local check over 2 x 63 decode calls, tiny preset, 2-core Xeon with AVX-512 VNNI):
+# (precision, max_abs / max|ref|, worst-row cosine)
+QWEN3_ASR_LOCAL_ROWS = [("bf16", 7.77e-2, 0.997507), ("int8_weights", 8.72e-2, 0.997086),
+                        ("fp16", 2.38e-3, 0.999998)]
+
+
+@pytest.mark.parametrize("precision,rel,cos", QWEN3_ASR_LOCAL_ROWS)
+def test_local_gates_take_the_local_amplification_and_propagated_ones_the_pipelines(precision, rel, cos):
+    """Qwen3-ASR states its propagated amplification (56, a 64-step decode's drift) apart from
+    the local one: the measured local rows pass the local gates, which are the rule at the local
+    kappa; the stage gates and the trace's propagated check take the larger one; and a local row
+    at the PROPAGATED rows' size (0.21 relative, the SECOND_ISA_ROWS one) fails a local bf16 gate."""
+    policy = Policy.load(ROOT / "models" / "qwen3_asr" / "policy.json")
+    rule, fp32 = policy.rule, policy.default("fp32")
+    raw = policy.data["roundoff_rule"]["propagated"]
+    local = policy.module("decode_layer0", precision)["*"]
+    assert local == derive(rule, precision, fp32)
+    propagated = derive(RoundoffRule(kappa_abs=raw["kappa_abs"], kappa_cos=raw["kappa_cos"]), precision, fp32)
+    assert policy.propagated_module("decode_layer0", precision)["*"] == propagated
+    assert policy.stage("audio_embeds", precision) == propagated
+    assert local.max_abs_rel < propagated.max_abs_rel and local.min_cosine > propagated.min_cosine
+    assert judge(stats(rel, 1.0, cos), local)[0]
+    assert policy.stage("log_mel", precision).max_abs_rel == 0.0  # stated absolute stages stay as stated
+    if precision == "bf16":
+        assert not judge(stats(0.21, 1.0, 0.978), local)[0]
+
+
+def test_propagated_amplification_never_lowers_a_modules_own(tmp_path):
+    doc = {"version": 1, "precisions": {"fp32": {}},
+           "roundoff_rule": {"kappa_abs": 4, "kappa_cos": 4, "propagated": {"kappa_abs": 10},
+                             "modules": {"big": {"kappa_abs": 30, "kappa_cos": 2}}}}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(doc))
+    policy, fp32 = Policy.load(path), Tolerance(min_cosine=0.999999, max_abs_rel=1e-4)
+    # the module's own kappa_abs (30) is above the propagated one, its kappa_cos is not stated there
+    assert policy.propagated_module("big", "bf16")["*"] == derive(RoundoffRule(kappa_abs=30, kappa_cos=2), "bf16", fp32)
+    assert policy.propagated_module("other", "bf16")["*"] == derive(RoundoffRule(kappa_abs=10, kappa_cos=4), "bf16", fp32)
+    assert policy.module("other", "bf16")["*"] == derive(RoundoffRule(kappa_abs=4, kappa_cos=4), "bf16", fp32)
+    assert policy.propagated_module("other", "fp32") == policy.module("other", "fp32")
+
+
+@pytest.mark.parametrize("bad", [[], {}, {"kappa_abs": 0}, {"kappa_abs": -3}, {"kappa_cos": "9"},
+                                 {"kappa_cos": True}, {"margin": 3}])
+def test_a_malformed_propagated_amplification_is_refused_naming_the_field(tmp_path, bad):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"version": 1, "precisions": {"fp32": {}},
+                                "roundoff_rule": {"kappa_abs": 4, "kappa_cos": 4, "propagated": bad}}))
+    with pytest.raises(ValueError, match=r"policy.json: roundoff_rule.propagated"):
+        Policy.load(path)
 
 
 @pytest.mark.parametrize("model", ["qwen3_asr", "seedvr2", "youtu_vl"])
@@ -100,13 +152,13 @@ def test_sweep_rows_carry_their_budget_and_the_machine():
     result = sweep(run_variant, gpu=False, budget=policy.default)
     assert len(result["variants"]) == len(variants(False))
     bf16 = next(r for r in result["variants"] if r["precision_mode"] == "bf16")
-    assert bf16["budget"]["max_abs_rel"] == pytest.approx(2 * 56 * UNIT_ROUNDOFF["bf16"])
+    assert bf16["budget"]["max_abs_rel"] == pytest.approx(2 * 20 * UNIT_ROUNDOFF["bf16"])  # local kappa
     assert result["machine"]["cpu_model"] and "ncnn" in result["machine"]
     assert math.isclose(bf16["worst_rel_max_abs"], 1e-3)
 
 
 def test_a_derived_budget_stops_at_the_perturbation_limit() -> None:
-    """A rule whose margin x kappa x u passes 0.5 (Qwen3-ASR's kappa 56 under int8) gets the limit,
+    """A rule whose margin x kappa x u passes 0.5 (Qwen3-ASR's propagated kappa 56 under int8) gets the limit,
     not a relative gate no single wrong element could fail; below it the rule is unchanged."""
     from ncnnport.parity.budgets import PERTURBATION_LIMIT, RoundoffRule, derive
 

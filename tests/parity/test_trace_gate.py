@@ -25,11 +25,25 @@ def pipeline(modules):
     modules["b"].run(modules["a"].run([x]))
 
 
-def trace(a_error: float, b_error: float, gate: str):
+def trace(a_error: float, b_error: float, gate: str, propagated_floor: float | None = None):
     torch_side = {"a": Fn("a", lambda x: x + 1), "b": Fn("b", lambda x: 1000 * x)}
     ncnn_side = {"a": Fn("a", lambda x: x + 1 + a_error), "b": Fn("b", lambda x: 1000 * x + b_error)}
     tol = Tolerance(min_cosine=0.0, max_abs_rel=0.0, max_abs_floor=1e-3)
-    return first_divergence("toy", pipeline, torch_side, ncnn_side, lambda m, o: tol, gate=gate)
+    extra = {}
+    if propagated_floor is not None:
+        loose = Tolerance(min_cosine=0.0, max_abs_rel=0.0, max_abs_floor=propagated_floor)
+        extra["propagated_tolerances"] = lambda m, o: loose
+    return first_divergence("toy", pipeline, torch_side, ncnn_side, lambda m, o: tol, gate=gate, **extra)
+
+
+def test_the_propagated_check_takes_its_own_gate_and_the_local_check_keeps_the_local_one():
+    """A policy's propagated amplification: b's inherited 0.5 passes a propagated gate of 1, and
+    the local gate still catches a module wrong on its own inputs (0.01 > 1e-3)."""
+    inherited = trace(5e-4, 0.0, "propagated", propagated_floor=1.0)
+    assert inherited["passed"] and inherited["first_divergence"] is None
+    wrong = trace(0.0, 0.01, "local", propagated_floor=1.0)
+    assert not wrong["passed"] and wrong["first_local_failure"]["module"] == "b"
+    assert wrong["first_divergence"] is None  # 0.01 is inside the propagated gate
 
 
 def test_inherited_error_fails_the_propagated_gate_only():

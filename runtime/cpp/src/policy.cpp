@@ -80,6 +80,17 @@ Rule parse_rule(const json& raw, const std::string& where) {
         (r.vulkan_accumulation_length && *r.vulkan_accumulation_length < 1))
         fail(where, "roundoff_rule needs kappa_abs, kappa_cos > 0, margin >= 1, accumulation_length "
                     "(and vulkan_accumulation_length) >= 1");
+    // Policy._check_rule: the propagated amplification is well formed. It derives only the
+    // propagated checks of the Python parity (stages, the trace); the golden vectors this
+    // runtime judges are local, so their gates come from the kappas above.
+    if (raw.contains("propagated")) {
+        const json& prop = raw["propagated"];
+        const std::string at_prop = at + ".propagated";
+        if (!prop.is_object() || prop.empty()) fail(at_prop, "state kappa_abs and/or kappa_cos as an object");
+        for (const auto& [key, value] : prop.items())
+            if ((key != "kappa_abs" && key != "kappa_cos") || !value.is_number() || value.get<double>() <= 0)
+                fail(at_prop, key + "=" + value.dump() + "; only kappa_abs and kappa_cos, numbers > 0");
+    }
     return r;
 }
 
