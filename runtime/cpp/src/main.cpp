@@ -22,11 +22,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "ncnnport/bpe_tokenizer.h"
+#include "ncnnport/concurrent_calls.h"
 #ifdef NCNNPORT_WITH_NCNN
 #include "ncnnport/golden_verify.h"
 #endif
@@ -48,6 +50,7 @@ int usage() {
                  "       ncnnport-cpp version\n"
                  "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n"
                  "       ncnnport-cpp gates POLICY.json MODE MODULE\n"
+                 "       ncnnport-cpp splits MAX_THREADS MAX_CALLS\n"
                  "       ncnnport-cpp precisions\n";
     return 2;
 }
@@ -180,6 +183,28 @@ int cmd_gates(const std::string& policy_file, const std::string& mode, const std
     }
 }
 
+// Every thread split for 1..max_threads threads and 1..max_calls concurrent calls, as JSON rows
+// [threads, calls, workers, threads_each]: the rule runtime/concurrent_calls.py states too, so a
+// test holds the two against each other over the whole table.
+int cmd_splits(const std::string& max_threads, const std::string& max_calls) {
+    int t_max = 0, k_max = 0;
+    try {
+        t_max = std::stoi(max_threads);
+        k_max = std::stoi(max_calls);
+    } catch (const std::exception&) {
+        return usage();
+    }
+    if (t_max < 1 || k_max < 1 || t_max > 4096 || k_max > 4096) return usage();
+    nlohmann::json rows = nlohmann::json::array();
+    for (int t = 1; t <= t_max; ++t)
+        for (int k = 1; k <= k_max; ++k) {
+            const ncnnport::CallSplit s = ncnnport::split_threads(t, k);
+            rows.push_back({t, k, s.workers, s.threads_each});
+        }
+    std::cout << rows.dump() << "\n";
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +215,7 @@ int main(int argc, char** argv) {
             return cmd_tokenize(std::vector<std::string>(args.begin() + 1, args.end()));
         if (args.size() == 1 && args[0] == "version") return cmd_version();
         if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
+        if (args.size() == 3 && args[0] == "splits") return cmd_splits(args[1], args[2]);
         if (args.size() == 1 && args[0] == "precisions") {
             std::cout << ncnnport::precisions_table_json().dump() << "\n";
             return 0;
