@@ -10,8 +10,11 @@ propagated to local error per module says whether a module is itself wrong (rati
 error high) or inherits error from upstream (ratio >> 1, local error small).
 
 ``gate`` says what fails the record. ``"propagated"`` (default): the first propagated call
-over its module's gate. ``"local"``: only a call whose LOCAL error (the module fed the torch
-call's exact inputs) breaks its gate; the first propagated exceedance is still named. A model's
+over its module's propagated gate, or any call whose LOCAL error (the module fed the torch
+call's exact inputs) breaks its local gate. ``"local"``: only the latter; the first propagated
+exceedance is still named. The two gates differ where the policy states a propagated
+amplification apart (``Policy.propagated_module``); a local failure fails under both, since the
+module is then wrong on its own inputs whatever its upstream did. A model's
 policy picks "local" where a deep stack's propagated fp32 error is measured to outgrow the
 per-module gates while the end-to-end outputs stay within the reference's own fp32 noise (the
 e2e logits and token gates then judge the accumulated error).
@@ -166,13 +169,15 @@ def first_divergence(case: str, run: PipelineRun, torch_modules: Mapping[str, An
         "first_local_failure": None if first_local is None else {
             k: first_local[k] for k in ("module", "call", "output", "order", "local_reason")},
         "worst_tensors": kept, "gate": gate,
-        "passed": first is None if gate == "propagated" else first_local is None,
+        # a module wrong on the torch call's own inputs fails under either gate; "local" only
+        # excuses an inherited (propagated) exceedance
+        "passed": first_local is None and (first is None or gate == "local"),
         "reason": _trace_reason(first, first_local, gate),
     }
 
 
 def _trace_reason(first: dict | None, first_local: dict | None, gate: str) -> str:
-    if gate == "local" and first_local is not None:
+    if first_local is not None and (gate == "local" or first is None):
         return (f"{first_local['module']} call {first_local['call']} ({first_local['output']}) breaks its gate "
                 f"on the torch call's own inputs: {first_local['local_reason']}")
     if first is None:

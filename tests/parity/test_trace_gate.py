@@ -41,9 +41,11 @@ def test_the_propagated_check_takes_its_own_gate_and_the_local_check_keeps_the_l
     the local gate still catches a module wrong on its own inputs (0.01 > 1e-3)."""
     inherited = trace(5e-4, 0.0, "propagated", propagated_floor=1.0)
     assert inherited["passed"] and inherited["first_divergence"] is None
-    wrong = trace(0.0, 0.01, "local", propagated_floor=1.0)
-    assert not wrong["passed"] and wrong["first_local_failure"]["module"] == "b"
-    assert wrong["first_divergence"] is None  # 0.01 is inside the propagated gate
+    for gate in ("local", "propagated"):  # a module wrong on its own inputs fails under either gate
+        wrong = trace(0.0, 0.01, gate, propagated_floor=1.0)
+        assert not wrong["passed"] and wrong["first_local_failure"]["module"] == "b", gate
+        assert wrong["first_divergence"] is None  # 0.01 is inside the propagated gate
+        assert "b call 0 (y) breaks its gate on the torch call's own inputs" in wrong["reason"]
 
 
 def test_inherited_error_fails_the_propagated_gate_only():
