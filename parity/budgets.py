@@ -15,17 +15,18 @@ a property of the computation (depth, norms, softmax), not of the precision or t
     1 - min_cosine = (margin * kappa_cos * u)^2 / 2      (cosine deficit of a relative rms error e is e^2/2)
     max_abs_floor  = fp32 floor scaled by the same factor as max_abs_rel
 
-``kappa`` is measured once per model in the mode that rounds everywhere on every machine
-(bf16 storage: x86 casts every bf16-capable layer's input) as error / u, and stated with its
-numbers in the policy notes. It is the LOCAL amplification: one graph fed the reference's exact
-inputs, which is what the module gates (local parity, the golden vectors, the trace's local
-check) judge. A pipeline run on its own outputs compounds every upstream graph's error (a
-64-step decode feeds each step's rounded K/V to the next), so a policy may state that larger
+``kappa`` is measured once per model in the mode that rounds everywhere on every machine (bf16
+storage: x86 casts every bf16-capable layer's input) as error / u, and stated with its numbers
+in the policy notes. It is the LOCAL amplification: one graph fed the reference's exact inputs,
+which is what the module gates (local parity, the golden vectors, the trace's local check)
+judge. A pipeline run on its own outputs compounds every upstream graph's error (a 64-step
+decode feeds each step's rounded K/V to the next), so a policy may state that larger
 amplification apart (``roundoff_rule.propagated``): it derives the stage gates and the trace's
 propagated check, never below the local kappa. One kappa for both would have to be the
-propagated one, which leaves every local gate as loose as the deepest pipeline's drift. fp16 arithmetic also accumulates in fp16: its ``u`` is multiplied
-by sqrt(accumulation length) (random-walk growth of a K-term fp16 sum). A derived budget is
-never tighter than the fp32 gate, whose own margin covers the measured fp32 noise.
+propagated one, which leaves every local gate as loose as the deepest pipeline's drift. fp16
+arithmetic also accumulates in fp16: its ``u`` is multiplied by sqrt(accumulation length)
+(random-walk growth of a K-term fp16 sum). A derived budget is never tighter than the fp32
+gate, whose own margin covers the measured fp32 noise.
 
 Vulkan modes get their own budgets: ncnn's Vulkan fp32 is not bitwise its CPU fp32. Its shaders
 sum in another order (and fuse multiply-adds), which is fp32 roundoff growing with the reduction

@@ -105,7 +105,9 @@ class Policy:
         return derived if derived is not None else self._tol(self._mode(precision).get("default"), FP32_DEFAULT)
 
     def module(self, name: str, precision: str = "fp32") -> dict[str, Tolerance]:
-        """Gates for a module's outputs: ``{"*": default}`` plus any per-output overrides."""
+        """LOCAL gates for a module's outputs (the module fed the reference's exact inputs: local
+        parity, golden vectors, the trace's local check): ``{"*": default}`` plus any per-output
+        overrides."""
         mode = self._mode(precision)
         base = self.default(precision)
         derived = self._derived(precision, "modules", name)
