@@ -87,8 +87,9 @@ def head_logits(runners: Mapping[str, Any], hidden: np.ndarray, cfg: YoutuVLConf
 # a 448x448 image (2 x 2), so the default image fills the threads too. One window call leaves
 # most of 16 threads idle (device Xeon, int8 window layer at 448, 16 threads: 19 ms side by side,
 # 31 ms one window at a time); more than 4 at once would give a 448 image fewer threads per
-# window than it has threads. The split is fixed at load, so an image of ONE window (224x224)
-# runs it on a quarter of the threads (10 ms against 6 on all 16: runtime/cpp/README.md)
+# window than it has threads. The split is fixed at load; a window that would run alone on it
+# (an image of one window, 224x224) runs on the same graph loaded for all the threads instead
+# (NcnnModule.run_each: 10 ms on the split's 4 threads against 6 on all 16; runtime/cpp/README.md)
 WINDOW_CONCURRENT_CALLS = 4
 
 

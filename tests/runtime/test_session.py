@@ -99,20 +99,54 @@ def test_a_cpu_session_asked_for_huge_pages_runs_the_step_once_loaded(toy_packag
 def test_run_each_side_by_side_equals_one_by_one(toy_package):
     """A graph whose spec allows 4 concurrent calls, on 2 threads: loaded for one thread per call,
     2 calls at a time, each call's outputs those of the same call run alone (bit for bit: both
-    run on one thread) and in call order."""
+    run on one thread) and in call order. The fifth call would run alone on one thread: it runs
+    on the same graph loaded for both threads (``solo``), bit for bit a plain 2-thread module's."""
     from ncnnport.runtime.concurrent_calls import CallSplit
 
     d, spec = toy_package["dir"], toy_package["spec"]
     record = {**toy_package["record"], "concurrent_calls": 4}
     both = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32.with_(num_threads=2))
     alone = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", toy_package["record"], FP32)
+    two = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", toy_package["record"], FP32.with_(num_threads=2))
     assert both.split == CallSplit(2, 1) and both.net.opt.num_threads == 1
     calls = [spec.example_inputs({"seq": n}, seed=n) for n in (3, 9, 1, 17, 5)]
+    assert both._solo_module is None
     got = both.run_each(calls)
     assert len(got) == len(calls)
-    for c, outs in zip(calls, got):
-        for want, have in zip(alone.run(c), outs):
+    for c, outs, ref in zip(calls, got, [alone] * 4 + [two]):
+        for want, have in zip(ref.run(c), outs):
             np.testing.assert_array_equal(want, have)
+    solo = both._solo_module
+    assert solo is not None and solo.net.opt.num_threads == 2 and solo.split == CallSplit(1, 2)
+    assert solo.name == both.name
+
+
+def test_a_lone_call_runs_on_all_the_threads_and_full_rounds_never_open_the_second_net(toy_package):
+    """A batch of one call (an image of one window) runs on the graph loaded for all threads;
+    batches that split evenly (or leave 2+ calls) never load that second net."""
+    from ncnnport.runtime.concurrent_calls import CallSplit
+
+    d, spec = toy_package["dir"], toy_package["spec"]
+    record = {**toy_package["record"], "concurrent_calls": 4}
+    opts = FP32.with_(num_threads=4)
+    mod = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, opts)
+    assert mod.split == CallSplit(4, 1)
+    for n in (4, 8, 6, 2):
+        mod.run_each([spec.example_inputs({"seq": 3})] * n)
+        assert mod._solo_module is None, n
+    x = spec.example_inputs({"seq": 7}, seed=2)
+    (got,) = mod.run_each([x])
+    plain = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", toy_package["record"], opts)
+    for want, have in zip(plain.run(x), got):
+        np.testing.assert_array_equal(want, have)
+    assert mod._solo_module is not None and mod._solo_module.net.opt.num_threads == 4
+    first = mod._solo_module
+    mod.run_each([x] * 5)  # 4 side by side, the fifth alone: the same second net, not a third
+    assert mod._solo_module is first
+    # at one thread there is no split, so no second net either
+    single = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, FP32)
+    single.run_each([x])
+    assert single.solo() is single and single._solo_module is None
 
 
 def test_run_each_runs_calls_at_the_same_time(toy_package, monkeypatch):

@@ -225,7 +225,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
 
 Graph::Graph(const std::filesystem::path& package, const std::string& name, const GraphOptions& options,
              const std::string& variant)
-    : name_(variant.empty() ? name : name + "." + variant), net_(std::make_unique<ncnn::Net>()) {
+    : name_(variant.empty() ? name : name + "." + variant), net_(std::make_unique<ncnn::Net>()),
+      package_(package), base_name_(name), variant_(variant), options_(options) {
     const JsonFile spec = JsonFile::load(package / "specs" / (name + ".spec.json"));
     inputs_ = read_tensor_specs(spec, "inputs");
     outputs_ = read_tensor_specs(spec, "outputs");
@@ -334,14 +335,32 @@ std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
 std::vector<std::vector<Tensor>> Graph::run_each(const std::vector<std::vector<ncnn::Mat>>& calls) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<Tensor>> outs(calls.size());
-    if (std::min(static_cast<size_t>(split_.workers), calls.size()) < 2) {
+    if (split_.workers < 2) {
         for (size_t i = 0; i < calls.size(); ++i) outs[i] = run_call(calls[i]);
     } else {
-        if (!workers_) workers_ = std::make_unique<CallWorkers>(split_.workers);
-        workers_->run(calls.size(), [&](size_t i) { outs[i] = run_call(calls[i]); });
+        // the split net keeps its load-time share for every call: one left alone goes to the
+        // net of all the threads (a 224x224 image's one window, device Xeon, 16 threads: 10 ms
+        // on the split graph's 4, 6 ms on 16)
+        const bool lone = calls.size() % static_cast<size_t>(split_.workers) == 1;
+        const size_t together = calls.size() - (lone ? 1 : 0);
+        if (together > 0) {
+            if (!workers_) workers_ = std::make_unique<CallWorkers>(split_.workers);
+            workers_->run(together, [&](size_t i) { outs[i] = run_call(calls[i]); });
+        }
+        if (lone) outs.back() = solo().run_call(calls.back());
     }
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return outs;
+}
+
+Graph& Graph::solo() {
+    if (split_.threads_each >= options_.threads) return *this;
+    if (!solo_) {
+        GraphOptions all = options_;
+        all.concurrent_calls = false;  // loaded for all the threads, one call at a time
+        solo_ = std::make_unique<Graph>(package_, base_name_, all, variant_);
+    }
+    return *solo_;
 }
 
 std::vector<Tensor> Graph::run_call(const std::vector<ncnn::Mat>& inputs) const {

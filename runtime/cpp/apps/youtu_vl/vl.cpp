@@ -258,7 +258,8 @@ nlohmann::json Vl::call_splits() const {
     nlohmann::json out = nlohmann::json::object();
     for (const auto& kv : graphs_) {
         const ncnnport::CallSplit& s = kv.second->split();
-        if (s.workers > 1) out[kv.first] = {{"workers", s.workers}, {"threads_each", s.threads_each}};
+        if (s.workers > 1)
+            out[kv.first] = {{"workers", s.workers}, {"threads_each", s.threads_each}, {"solo_net", kv.second->solo_open()}};
     }
     return out;
 }

@@ -186,9 +186,16 @@ public:
     // run() for each call, outputs in call order: up to split().workers calls at once, each on
     // split().threads_each threads (the net was loaded for that count: ncnn's Gemm keeps it).
     // For independent calls, e.g. the windows of a window segment. The first error any call
-    // raised is rethrown after every started call ended.
+    // raised is rethrown after every started call ended. A call that would run alone on the
+    // split net (a batch of one, or the one left after the full rounds) runs on the same graph
+    // loaded for all the threads (solo(); runtime/session.NcnnModule.run_each is the same rule).
     std::vector<std::vector<Tensor>> run_each(const std::vector<std::vector<ncnn::Mat>>& calls);
     const CallSplit& split() const { return split_; }
+    // This graph loaded for all the threads (itself when split() gives each call all of them),
+    // opened on the first call that needs it: its weights once more while this graph lives.
+    Graph& solo();
+    // Whether solo() opened a second net (reported beside the split).
+    bool solo_open() const { return solo_ != nullptr; }
 
 #if NCNN_VULKAN
     // Records this graph into `cmd` without submitting it: inputs checked against the spec as in
@@ -224,6 +231,11 @@ private:
     bool gemv_ = false;
     CallSplit split_;
     std::unique_ptr<CallWorkers> workers_;  // run_each's threads, started on its first batch
+    // what solo() needs to open the same graph for all the threads
+    std::filesystem::path package_;
+    std::string base_name_, variant_;
+    GraphOptions options_;
+    std::unique_ptr<Graph> solo_;
 };
 
 // A spec file's input/output list ("inputs" or "outputs") as TensorSpecs.
