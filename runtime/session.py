@@ -8,6 +8,7 @@ validated against it, so pipelines, parity and benchmarks run unchanged on eithe
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -110,8 +111,6 @@ class NcnnModule:
         if options.use_vulkan and ncnn.get_gpu_count() == 0:
             # ncnn would silently run on the CPU; a "vulkan" number must come from a GPU
             raise NcnnError(f"module {self.name}: Vulkan requested but ncnn sees no GPU")
-        self.net = ncnn.Net()
-        options.apply(self.net.opt)
         # a graph the pipeline calls several times at once is loaded for one call's share of
         # the threads (concurrent_calls.split_threads: ncnn's Gemm keeps its load-time count).
         # Not on Vulkan (one queue) or with pools emptied after every call (one call's clear
@@ -122,7 +121,6 @@ class NcnnModule:
         if options.use_vulkan or (spec.get("release_after_call") and options.low_memory):
             concurrent = 1
         self.split = split_threads(options.num_threads, concurrent)
-        self.net.opt.num_threads = self.split.threads_each
         # run_each's workers live as long as the module: each thread that calls ncnn gets its own
         # OpenMP team, and new threads per batch would start new teams at every layer call (the
         # device's 16 threads, int8 448 window layer: new workers per batch 27-31 ms, slower than
@@ -138,15 +136,41 @@ class NcnnModule:
         self._pools: tuple[Any, ...] = ()
         if spec.get("release_after_call") and options.low_memory:
             self._pools = (ncnn.PoolAllocator(), ncnn.PoolAllocator())
-            self.net.opt.blob_allocator, self.net.opt.workspace_allocator = self._pools
-        if options.use_vulkan:
-            self.net.set_vulkan_device(0)
-        if self.net.load_param(str(self.param)) != 0:
+        # A split graph loads its net on first use: a process whose calls all come alone (an
+        # image of one window) then holds only the net of all the threads (``solo``), not the
+        # split one too (Youtu-VL's window segments: most of the vision tower's weights).
+        self._net: Any = None
+        self._net_lock = threading.Lock()
+        if self.split.workers < 2:
+            self._net = self._load_net()
+
+    def _load_net(self) -> Any:
+        """The ncnn net with this module's options and its share of the threads, loaded."""
+        import ncnn
+
+        net = ncnn.Net()
+        self.options.apply(net.opt)
+        net.opt.num_threads = self.split.threads_each
+        if self._pools:
+            net.opt.blob_allocator, net.opt.workspace_allocator = self._pools
+        if self.options.use_vulkan:
+            net.set_vulkan_device(0)
+        if net.load_param(str(self.param)) != 0:
             raise NcnnError(f"module {self.name}: ncnn could not load param {self.param}")
-        if self.net.load_model(str(self.weights)) != 0:
+        if net.load_model(str(self.weights)) != 0:
             raise NcnnError(f"module {self.name}: ncnn could not load weights {self.weights}")
-        if options.huge_pages and not options.use_vulkan:
+        if self.options.huge_pages and not self.options.use_vulkan:
             back_large_mappings_with_huge_pages()
+        return net
+
+    @property
+    def net(self) -> Any:
+        """The loaded ncnn net (a split graph's is loaded here, on first use)."""
+        if self._net is None:
+            with self._net_lock:
+                if self._net is None:
+                    self._net = self._load_net()
+        return self._net
 
     def variants(self) -> list[str]:
         """Names of the graph variants the spec declares (param files beside this graph)."""
@@ -180,6 +204,7 @@ class NcnnModule:
         together = calls[:-1] if lone else calls
         outs: list[list[np.ndarray]] = []
         if together:
+            _ = self.net  # loaded here, not by the first worker while the others wait on the lock
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.split.workers, thread_name_prefix=f"ncnn-{self.name}")
             outs = list(self._pool.map(self.run, together))

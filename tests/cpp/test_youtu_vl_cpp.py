@@ -167,7 +167,8 @@ def test_windows_run_side_by_side_with_the_same_tokens(exe, package, images, tmp
     windowed = side["timing"]["concurrent_calls"]
     assert set(windowed) == {"vision_seg0", "vision_seg2"}, windowed  # tiny: segments 1 and 3 are full attention
     # 2 windows: both side by side, so the net for a lone call is never opened
-    assert all(v == {"workers": 3, "threads_each": 1, "solo_net": False} for v in windowed.values()), windowed
+    assert all(v == {"workers": 3, "threads_each": 1, "split_net": True, "solo_net": False}
+               for v in windowed.values()), windowed
     assert serial["timing"]["concurrent_calls"] == {}
     for run in (side, serial):  # the vision graphs' own time, inside the vision stage's
         assert 0 < run["timing"]["vision_graph_s"] <= run["timing"]["vision_s"]
@@ -179,12 +180,15 @@ def test_windows_run_side_by_side_with_the_same_tokens(exe, package, images, tmp
 def test_a_lone_window_runs_on_all_the_threads_with_the_same_tokens(exe, package, images, tmp_path):
     """An image of one window (tiny: 5x7 pixels): the window segments, split for 3 windows at a
     time, run that lone window on the same graph loaded for all 3 threads (solo_net), as the
-    Python loop does (NcnnModule.run_each); the tokens are the Python loop's."""
+    Python loop does (NcnnModule.run_each), and the split net itself is never loaded; the tokens
+    are the Python loop's."""
     prompt, image = "What is in the picture?", images["upscale_5x7"][0]
     got = cpp_ids(exe, package, prompt, image, tmp_path / "lone.json", "--threads", "3")
     windowed = got["timing"]["concurrent_calls"]
     assert set(windowed) == {"vision_seg0", "vision_seg2"}, windowed
-    assert all(v == {"workers": 3, "threads_each": 1, "solo_net": True} for v in windowed.values()), windowed
+    # and only that net: the split one (loaded on a batch of several) never was
+    assert all(v == {"workers": 3, "threads_each": 1, "split_net": False, "solo_net": True}
+               for v in windowed.values()), windowed
     assert got["chunks"][0]["token_ids"] == python_ids(package, prompt, image)
 
 

@@ -129,11 +129,15 @@ def test_a_lone_call_runs_on_all_the_threads_and_full_rounds_never_open_the_seco
     d, spec = toy_package["dir"], toy_package["spec"]
     record = {**toy_package["record"], "concurrent_calls": 4}
     opts = FP32.with_(num_threads=4)
+    lone_only = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, opts)
+    lone_only.run_each([spec.example_inputs({"seq": 5})])
+    # only the net of all the threads was loaded: the split one waits for a batch of several
+    assert lone_only._net is None and lone_only._solo_module is not None
     mod = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", record, opts)
-    assert mod.split == CallSplit(4, 1)
+    assert mod.split == CallSplit(4, 1) and mod._net is None
     for n in (4, 8, 6, 2):
         mod.run_each([spec.example_inputs({"seq": 3})] * n)
-        assert mod._solo_module is None, n
+        assert mod._solo_module is None and mod._net is not None, n
     x = spec.example_inputs({"seq": 7}, seed=2)
     (got,) = mod.run_each([x])
     plain = NcnnModule(d / "toy.ncnn.param", d / "toy.ncnn.bin", toy_package["record"], opts)

@@ -256,11 +256,19 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
 #else
     if (options.vulkan) throw GraphError("--vulkan: this executable's ncnn has no Vulkan (build with make cpp VULKAN=1)");
 #endif
-    gemv_ = register_gemv_for(*net_, options);
+    // A split graph loads on first use (ensure_loaded): a run whose calls all come alone (an
+    // image of one window) then holds only solo()'s net, not this one's weights too.
+    if (split_.workers < 2) load();
+}
+
+void Graph::load() const {
+    const auto param = package_ / "ncnn" / (name_ + ".ncnn.param");
+    const auto weights = package_ / "ncnn" / (base_name_ + ".ncnn.bin");
+    gemv_ = register_gemv_for(*net_, options_);
     note_graph_option(net_->opt);
     if (net_->load_param(param.string().c_str()) != 0) throw PackageError(param.string() + ": ncnn could not load it");
     if (net_->load_model(weights.string().c_str()) != 0) throw PackageError(weights.string() + ": ncnn could not load it");
-    if (options.huge_pages && !options.vulkan) back_large_mappings_with_huge_pages();
+    if (options_.huge_pages && !options_.vulkan) back_large_mappings_with_huge_pages();
     // Outputs are checked by extract's return code at run time (an output blob may also feed
     // a layer, so it need not be among ncnn's output_names).
     for (const auto& t : inputs_) {
@@ -268,6 +276,13 @@ Graph::Graph(const std::filesystem::path& package, const std::string& name, cons
         for (const char* b : net_->input_names()) listed = listed || t.name == b;
         if (!listed) throw PackageError(param.string() + ": no input blob '" + t.name + "' (named by the spec)");
     }
+    loaded_ = true;
+}
+
+void Graph::ensure_loaded() const {
+    if (loaded_) return;
+    const std::lock_guard<std::mutex> lock(load_mutex_);
+    if (!loaded_) load();
 }
 
 Graph::~Graph() = default;
@@ -344,6 +359,7 @@ std::vector<std::vector<Tensor>> Graph::run_each(const std::vector<std::vector<n
         const bool lone = calls.size() % static_cast<size_t>(split_.workers) == 1;
         const size_t together = calls.size() - (lone ? 1 : 0);
         if (together > 0) {
+            ensure_loaded();  // here, not in the first worker while the others wait
             if (!workers_) workers_ = std::make_unique<CallWorkers>(split_.workers);
             workers_->run(together, [&](size_t i) { outs[i] = run_call(calls[i]); });
         }
@@ -364,6 +380,7 @@ Graph& Graph::solo() {
 }
 
 std::vector<Tensor> Graph::run_call(const std::vector<ncnn::Mat>& inputs) const {
+    ensure_loaded();
     if (inputs.size() != inputs_.size())
         throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
                          + std::to_string(inputs_.size()));

@@ -259,7 +259,8 @@ nlohmann::json Vl::call_splits() const {
     for (const auto& kv : graphs_) {
         const ncnnport::CallSplit& s = kv.second->split();
         if (s.workers > 1)
-            out[kv.first] = {{"workers", s.workers}, {"threads_each", s.threads_each}, {"solo_net", kv.second->solo_open()}};
+            out[kv.first] = {{"workers", s.workers}, {"threads_each", s.threads_each},
+                             {"split_net", kv.second->loaded()}, {"solo_net", kv.second->solo_open()}};
     }
     return out;
 }

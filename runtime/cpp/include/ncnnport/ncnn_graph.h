@@ -16,10 +16,12 @@
 #include <command.h>  // ncnn::VkCompute
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -194,8 +196,10 @@ public:
     // This graph loaded for all the threads (itself when split() gives each call all of them),
     // opened on the first call that needs it: its weights once more while this graph lives.
     Graph& solo();
-    // Whether solo() opened a second net (reported beside the split).
+    // Whether solo() opened a second net, and whether this graph's own (split) net is loaded:
+    // a split graph loads it on its first batch of several calls (reported beside the split).
     bool solo_open() const { return solo_ != nullptr; }
+    bool loaded() const { return loaded_; }
 
 #if NCNN_VULKAN
     // Records this graph into `cmd` without submitting it: inputs checked against the spec as in
@@ -217,6 +221,8 @@ public:
     double seconds() const { return seconds_; }
 
 private:
+    void load() const;
+    void ensure_loaded() const;
     std::vector<Tensor> run_call(const std::vector<ncnn::Mat>& inputs) const;
     void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
@@ -228,7 +234,9 @@ private:
     std::vector<TensorSpec> outputs_;
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;
-    bool gemv_ = false;
+    mutable bool gemv_ = false;
+    mutable std::atomic<bool> loaded_{false};
+    mutable std::mutex load_mutex_;
     CallSplit split_;
     std::unique_ptr<CallWorkers> workers_;  // run_each's threads, started on its first batch
     // what solo() needs to open the same graph for all the threads
