@@ -197,7 +197,8 @@ class NcnnModule:
         after the full rounds) runs on the same graph loaded for all the threads instead: the
         split net keeps its load-time share for every call, and one 224x224 window on a quarter
         of the device's 16 threads took 10 ms against 6 ms on all of them. That second net is
-        loaded on the first such call (its weights once more, for as long as the module)."""
+        loaded on the first such call, the split net on the first batch of several (see ``net``):
+        calls that all come alone hold the weights once, both kinds twice."""
         if self.split.workers < 2:
             return [self.run(c) for c in calls]
         lone = len(calls) % self.split.workers == 1
