@@ -65,6 +65,25 @@ def test_extrapolation_adds_only_the_attention_pairs_a_full_layer_has_and_is_lab
     assert "cap (extrapolated)" in line and "| - |" in line
 
 
+def test_extrapolation_takes_the_pairs_from_the_one_at_a_time_window_layer() -> None:
+    """With the windows side by side, ncnn's window layer is faster than the same Gemms run one
+    window at a time, as the full layer runs them: a full layer is the serial window layer plus
+    its extra attention pairs. Model as above, the side-by-side window layer 1.6x faster: the
+    estimate at the cap recovers the model's full layer, and the window layer's side-by-side
+    time scaled."""
+    big, cap = vb.case_for("1024x1024", REAL), vb.case_for("cap", REAL)
+    cost = lambda case, pairs: 0.01 * case.patches + 1e-6 * pairs  # noqa: E731
+    full, win = vb.attention_pairs(big)
+    row = _row("1024x1024", big.patches, 16, cost(big, win) / 1.6, cost(big, full))
+    row["serial_ms"] = {"ncnn": cost(big, win), "gain": 1.6}
+    est = vb.extrapolate(cap, big, row)
+    cap_full, cap_win = vb.attention_pairs(cap)
+    assert est["window_ms"]["ncnn"] == pytest.approx(cost(cap, cap_win) / 1.6)
+    assert est["full_ms"]["ncnn"] == pytest.approx(cost(cap, cap_full))
+    del row["serial_ms"]  # the side-by-side time as the base instead: the full layer comes out wrong
+    assert vb.extrapolate(cap, big, row)["full_ms"]["ncnn"] != pytest.approx(cost(cap, cap_full), rel=1e-3)
+
+
 def test_verdict_is_judged_on_the_whole_encoder() -> None:
     rows = [_row("a", 784, 4, 100.0, 100.0)]  # torch 2x on windows, 3x on full layers
     line = vb.table(rows, REAL, threads=1)[-1]
