@@ -21,12 +21,12 @@ in the policy notes. It is the LOCAL amplification: one graph fed the reference'
 which is what the module gates (local parity, the golden vectors, the trace's local check)
 judge. A pipeline run on its own outputs compounds every upstream graph's error (a 64-step
 decode feeds each step's rounded K/V to the next), so a policy may state that larger
-amplification apart (``roundoff_rule.propagated``): it derives the stage gates and the trace's
-propagated check, never below the local kappa. One kappa for both would have to be the
-propagated one, which leaves every local gate as loose as the deepest pipeline's drift. fp16
-arithmetic also accumulates in fp16: its ``u`` is multiplied by sqrt(accumulation length)
-(random-walk growth of a K-term fp16 sum). A derived budget is never tighter than the fp32
-gate, whose own margin covers the measured fp32 noise.
+amplification apart (``roundoff_rule.propagated``, one graph's own in ``propagated.modules``):
+it derives the stage gates and the trace's propagated check, never below the local kappa. One
+kappa for both would have to be the propagated one, which leaves every local gate as loose as
+the deepest pipeline's drift. fp16 arithmetic also accumulates in fp16: its ``u`` is multiplied
+by sqrt(accumulation length) (random-walk growth of a K-term fp16 sum). A derived budget is
+never tighter than the fp32 gate, whose own margin covers the measured fp32 noise.
 
 Vulkan modes get their own budgets: ncnn's Vulkan fp32 is not bitwise its CPU fp32. Its shaders
 sum in another order (and fuse multiply-adds), which is fp32 roundoff growing with the reduction

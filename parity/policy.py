@@ -17,6 +17,14 @@ MODE_PARENT = {"fp16_arithmetic": "fp16"}
 FP32_DEFAULT = Tolerance(min_cosine=0.999999, max_abs_rel=1e-4)
 
 
+def _check_kappas(raw: dict[str, Any], where: str) -> None:
+    """Only kappa_abs / kappa_cos, each a number > 0 (a propagated amplification's fields)."""
+    for key, value in raw.items():
+        if key not in ("kappa_abs", "kappa_cos") or isinstance(value, bool) \
+                or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{where}: {key}={value!r}; only kappa_abs and kappa_cos, numbers > 0")
+
+
 @dataclass
 class Policy:
     path: Path | None
@@ -49,11 +57,15 @@ class Policy:
         if propagated is not None:
             where = f"{self.path}: roundoff_rule.propagated"
             if not isinstance(propagated, dict) or not propagated:
-                raise ValueError(f"{where}: state kappa_abs and/or kappa_cos as an object")
-            for key, value in propagated.items():
-                if key not in ("kappa_abs", "kappa_cos") or isinstance(value, bool) \
-                        or not isinstance(value, (int, float)) or value <= 0:
-                    raise ValueError(f"{where}: {key}={value!r}; only kappa_abs and kappa_cos, numbers > 0")
+                raise ValueError(f"{where}: state kappa_abs, kappa_cos and/or modules as an object")
+            _check_kappas({k: v for k, v in propagated.items() if k != "modules"}, where)
+            modules = propagated.get("modules", {})
+            if not isinstance(modules, dict):
+                raise ValueError(f"{where}.modules: an object of module -> kappas, got {modules!r}")
+            for name, kappas in modules.items():
+                if not isinstance(kappas, dict) or not kappas:
+                    raise ValueError(f"{where}.modules.{name}: state kappa_abs and/or kappa_cos as an object")
+                _check_kappas(kappas, f"{where}.modules.{name}")
         for mode, body in self.data["precisions"].items():
             if mode == "fp32":
                 continue
@@ -89,7 +101,10 @@ class Policy:
         raw = self.data["roundoff_rule"]
         rule = rule.override(raw.get(section, {}).get(name) if section else None)
         if propagated:
-            rule = rule.at_least(raw.get("propagated"))
+            prop = raw.get("propagated") or {}
+            rule = rule.at_least(prop)
+            if section == "modules":
+                rule = rule.at_least(prop.get("modules", {}).get(name))
         return derive(rule, precision, self.default("fp32"))
 
     @staticmethod

@@ -96,7 +96,7 @@ def _synthetic_policies(tmp: Path) -> list[Path]:
                                           "vulkan_fp32": {"stages": {"frames": {"max_abs_rel": 0.0, "max_abs_floor": 2}}}},
              "roundoff_rule": {"kappa_abs": 7, "kappa_cos": 13, "margin": 3.0, "accumulation_length": 4,
                                "vulkan_accumulation_length": 256, "modules": {"enc": {"kappa_cos": 90}},
-                               "propagated": {"kappa_abs": 40, "kappa_cos": 60}}}
+                               "propagated": {"kappa_abs": 40, "kappa_cos": 60, "modules": {"enc": {"kappa_cos": 200}}}}}
     stated = {"version": 2, "precisions": {
         "fp32": {"default": {"max_abs_floor": 1e-5}},
         "fp16": {"default": {"min_cosine": 0.999, "max_abs_rel": 3e-2}},
@@ -135,7 +135,8 @@ def test_cpp_gates_refuse_a_bad_policy_in_one_line(built_cpp, tmp_path):
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert str(bad) in res.stderr and "precisions.vulkan_fp32" in res.stderr
     # a malformed propagated amplification is refused as Policy.load refuses it
-    for propagated in ({"kappa_abs": 0}, {"margin": 3}, [], {"kappa_cos": "9"}):
+    for propagated in ({"kappa_abs": 0}, {"margin": 3}, [], {"kappa_cos": "9"}, {"modules": []},
+                       {"modules": {"m": {}}}, {"modules": {"m": {"kappa_cos": 0}}}):
         bad.write_text(json.dumps({"version": 1, "precisions": {"fp32": {}},
                                    "roundoff_rule": {"kappa_abs": 3, "kappa_cos": 4, "propagated": propagated}}))
         res = _run([CPU_EXE, "gates", bad, "bf16", "m"])

@@ -86,10 +86,24 @@ Rule parse_rule(const json& raw, const std::string& where) {
     if (raw.contains("propagated")) {
         const json& prop = raw["propagated"];
         const std::string at_prop = at + ".propagated";
-        if (!prop.is_object() || prop.empty()) fail(at_prop, "state kappa_abs and/or kappa_cos as an object");
-        for (const auto& [key, value] : prop.items())
-            if ((key != "kappa_abs" && key != "kappa_cos") || !value.is_number() || value.get<double>() <= 0)
-                fail(at_prop, key + "=" + value.dump() + "; only kappa_abs and kappa_cos, numbers > 0");
+        if (!prop.is_object() || prop.empty()) fail(at_prop, "state kappa_abs, kappa_cos and/or modules as an object");
+        auto check_kappas = [](const json& obj, const std::string& where, bool allow_modules) {
+            for (const auto& [key, value] : obj.items()) {
+                if (allow_modules && key == "modules") continue;
+                if ((key != "kappa_abs" && key != "kappa_cos") || !value.is_number() || value.get<double>() <= 0)
+                    fail(where, key + "=" + value.dump() + "; only kappa_abs and kappa_cos, numbers > 0");
+            }
+        };
+        check_kappas(prop, at_prop, true);
+        if (prop.contains("modules")) {
+            const json& modules = prop["modules"];
+            if (!modules.is_object()) fail(at_prop + ".modules", "an object of module -> kappas, got " + modules.dump());
+            for (const auto& [name, kappas] : modules.items()) {
+                if (!kappas.is_object() || kappas.empty())
+                    fail(at_prop + ".modules." + name, "state kappa_abs and/or kappa_cos as an object");
+                check_kappas(kappas, at_prop + ".modules." + name, false);
+            }
+        }
     }
     return r;
 }
