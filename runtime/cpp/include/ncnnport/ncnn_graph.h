@@ -217,13 +217,16 @@ public:
     bool gemv() const { return gemv_; }
     const std::vector<TensorSpec>& inputs() const { return inputs_; }
     const std::vector<TensorSpec>& outputs() const { return outputs_; }
-    // Seconds spent inside ncnn (input + extract) over every run: the graphs' own time.
+    // Seconds spent inside ncnn (input + extract) over every run, and the wall time of every
+    // run_each batch whose calls ran side by side (they overlap): the graphs' own time, never
+    // the loading of a net (a split graph's and solo()'s load before the clock starts).
     double seconds() const { return seconds_; }
 
 private:
     void load() const;
     void ensure_loaded() const;
-    std::vector<Tensor> run_call(const std::vector<ncnn::Mat>& inputs) const;
+    // One call; `ncnn_s` (when given) receives the seconds of its input + extract alone.
+    std::vector<Tensor> run_call(const std::vector<ncnn::Mat>& inputs, double* ncnn_s = nullptr) const;
     void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     std::vector<int64_t> fit_output_shape(const TensorSpec& spec, std::vector<int64_t> shape,
