@@ -60,10 +60,7 @@ GEMV_TARGET inline __m256 load8(const unsigned short* p) {
 // stream (gemv_prefetch.h: used where measured faster on this machine). Past the end of the
 // weights it names addresses no load follows; a prefetch never faults.
 template <typename T>
-inline void prefetch_step(const T* w) {
-    const char* p = reinterpret_cast<const char*>(w) + kGemvPrefetchBytes;
-    for (size_t line = 0; line < kBlock * sizeof(T); line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
-}
+inline void prefetch_step(const T* w) { prefetch_stream_step(w, kBlock * sizeof(T)); }
 
 // One block of 64 outputs; each output sums bias, then w[k] * x[k] in k order with one fused
 // multiply-add per term (ncnn's own order within an output).

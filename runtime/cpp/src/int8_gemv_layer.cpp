@@ -119,7 +119,7 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
         for (int t = 0; t < quads; t += kChains) {
 #pragma GCC unroll 4
             for (int c = 0; c < kChains; ++c) {
-                if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * (t + c) + kGemvPrefetchBytes, _MM_HINT_T0);
+                if (Prefetch) prefetch_stream_step(p + 64 * (t + c), 64);
                 acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_loadu_si512(p + 64 * (t + c)), broadcast_quad(qb + 4 * (t + c)));
             }
         }

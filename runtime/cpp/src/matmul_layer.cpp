@@ -50,10 +50,7 @@ MATMUL_TARGET inline float dot_tail(const float* q, const float* row, int k0, in
 // Prefetches the `bytes` of the cache row at `row` kGemvPrefetchBytes ahead in the stream (the
 // rows follow each other, so that is a later row of the same head, or past its end: a prefetch
 // never faults). Whether the kernels prefetch is chosen on the machine (attention_prefetch_choice).
-inline void prefetch_row(const float* row, size_t bytes) {
-    const char* p = reinterpret_cast<const char*>(row) + kGemvPrefetchBytes;
-    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
-}
+inline void prefetch_row(const float* row, size_t bytes) { prefetch_stream_step(row, (bytes + 63) / 64 * 64); }
 
 // out[r][n] = sum_k q[r][k] c[n][k] for R (1-4) query rows against every cache row of c (rows K
 // apart). Each cache row is read whole before the next, so the cache slice is one sequential
