@@ -26,6 +26,10 @@ class RuntimeOptions:
     # CPU nets: the loaded weights collapsed onto 2 MiB pages (runtime/huge_pages.py: the fp16
     # head read ~20 % faster on one thread, but loading takes seconds longer), opt-in
     huge_pages: bool = False
+    # a decoder's host K/V cache keeps its rows rounded to fp16 (the CPU runs of the reduced
+    # precisions, runtime/precision.py ``Precision.fp16_kv_cache``); not an ncnn flag: the models'
+    # pipelines read it where they build their caches, the C++ loop stores such rows in 2 bytes
+    fp16_kv_cache: bool = False
 
     @property
     def label(self) -> str:

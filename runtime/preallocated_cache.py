@@ -52,7 +52,7 @@ class PreallocatedKVCache:
     """K and V of ``layers`` layers, ``heads`` x ``head_dim`` per position, up to ``capacity``."""
 
     def __init__(self, layers: int, heads: int, head_dim: int, capacity: int, *, owner: str = "decoder",
-                 value_dim: int | None = None) -> None:
+                 value_dim: int | None = None, fp16_rows: bool = False) -> None:
         value_dim = head_dim if value_dim is None else value_dim
         for name, value in (("layers", layers), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity),
                             ("value_dim", value_dim)):
@@ -61,6 +61,9 @@ class PreallocatedKVCache:
         self.layers, self.heads, self.head_dim, self.capacity = int(layers), int(heads), int(head_dim), int(capacity)
         self.value_dim = int(value_dim)
         self.owner = owner
+        # rows rounded to fp16 on write (round to nearest even) and kept in float32: the numbers
+        # of the C++ loop's 2-byte cache (runtime/precision.py ``fp16_kv_cache``)
+        self.fp16_rows = bool(fp16_rows)
         self._owners: list[object | None] = []
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
@@ -120,6 +123,13 @@ class PreallocatedKVCache:
                              f"{self.length} exceed the capacity of {self.capacity} positions")
         if not (np.isfinite(k).all() and np.isfinite(v).all()):
             raise CacheError(f"{self.owner}: layer {layer} wrote non-finite K/V at position {self.length}")
+        if self.fp16_rows:
+            with np.errstate(over="ignore"):
+                k, v = k.astype(np.float16), v.astype(np.float16)
+            if not (np.isfinite(k).all() and np.isfinite(v).all()):
+                count = int(np.isinf(k).sum() + np.isinf(v).sum())
+                raise CacheError(f"{self.owner}: layer {layer} K/V at position {self.length} exceed fp16's range "
+                                 f"(|x| > 65504 in {count} value(s)); run with an fp32 cache (--precision fp32)")
         self._k[layer][:, self.length:self.length + n] = k[0]
         self._v[layer][:, self.length:self.length + n] = v[0]
         self._pending[layer] = n
@@ -151,10 +161,16 @@ class PreallocatedKVCache:
     def used_bytes(self) -> int:
         return self.layers * self.heads * self.length * (self.head_dim + self.value_dim) * 4
 
+    @property
+    def row_format(self) -> str:
+        """The numbers the rows hold: "fp16" (rounded on write) or "fp32"."""
+        return "fp16" if self.fp16_rows else "fp32"
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.layers:
             raise CacheError(f"{self.owner}: layer {layer} out of range (cache has {self.layers} layers)")
 
     def __repr__(self) -> str:
         return (f"PreallocatedKVCache({self.owner!r}, layers={self.layers}, heads={self.heads}, "
-                f"head_dim={self.head_dim}, value_dim={self.value_dim}, length={self.length}/{self.capacity})")
+                f"head_dim={self.head_dim}, value_dim={self.value_dim}, length={self.length}/{self.capacity}, "
+                f"rows={self.row_format})")

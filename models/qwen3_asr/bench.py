@@ -103,7 +103,8 @@ def stage_bytes(model: Any, stage: str, size: str, precision: Any = None) -> dic
     """Bytes one call must read at least: weights of the graphs it runs, and the K/V cache.
 
     Linear weights (ncnn InnerProduct) count at the ``precision``'s InnerProduct width (2 bytes
-    under fp16 storage), the rest at 4."""
+    under fp16 storage), the rest at 4; the K/V cache at 2 bytes per value where the precision
+    keeps fp16 rows (``fp16_kv_cache``: the C++ loop stores them in 2 bytes), else 4."""
     d = specs.dims(model)
     if stage not in ("decode", "token"):
         return None
@@ -114,7 +115,8 @@ def stage_bytes(model: Any, stage: str, size: str, precision: Any = None) -> dic
     if stage == "token":  # the head table + final norm + one embedding row (ncnn Embed reads fp32)
         weights += _bytes(sk.get_submodule(f"{text}.norm"), width) + _bytes(sk.get_submodule("lm_head"), width)
         weights += 4 * d["hidden"]
-    kv = 2 * d["layers"] * d["kv_heads"] * int(size) * d["head_dim"] * 4
+    kv_value_bytes = 2 if precision is not None and precision.fp16_kv_cache else 4
+    kv = 2 * d["layers"] * d["kv_heads"] * int(size) * d["head_dim"] * kv_value_bytes
     return {"weights": weights, "kv_cache": kv}
 
 

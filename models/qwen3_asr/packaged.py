@@ -20,7 +20,7 @@ from ncnnport.models.qwen3_asr.chunking import (join_results, normalize_forced_l
                                                split_audio)
 from ncnnport.models.qwen3_asr.pipeline import Qwen3ASRPipeline
 from ncnnport.models.qwen3_asr.prompt import audio_token_count
-from ncnnport.package.model_json import PackageError
+from ncnnport.package.model_json import DEFAULT_PRECISION, PackageError
 
 
 def check_preprocessing(model_json: Mapping[str, Any], path: Path) -> None:
@@ -71,7 +71,8 @@ def open_packaged(package: Path, model_json: Mapping[str, Any], modules: Mapping
     # message names which (a missing graph is not a missing model.json field)
     try:
         pipe = Qwen3ASRPipeline(modules, dims, audio_token_id=audio_token_id, eos_ids=eos_ids,
-                                n_window_infer=n_window_infer)
+                                n_window_infer=n_window_infer,
+                                package_precision=str(model_json.get("precision", DEFAULT_PRECISION)))
     except KeyError as exc:
         what = exc.args[0] if "modules missing" in str(exc.args[0]) else f"dims field {exc.args[0]!r} missing"
         raise PackageError(f"{path}: {what}") from None

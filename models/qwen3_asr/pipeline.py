@@ -10,7 +10,9 @@ sized for the prompt plus every new token. Prefill writes each layer's K/V; each
 reads the past as views of it and writes only the new token's rows, so a step costs the same
 at position 1000 as at 100 apart from attention itself. Decode runners that are plain ncnn
 modules are wrapped in :class:`~ncnnport.runtime.zero_copy.ZeroCopyRunner`, which hands those
-views to ncnn without a copy (any other runner gets them as ordinary arrays).
+views to ncnn without a copy (any other runner gets them as ordinary arrays). Under the CPU runs
+of the reduced precisions the rows are rounded to fp16 on write (``RuntimeOptions.fp16_kv_cache``),
+as the C++ loop stores them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import numpy as np
 
 from ncnnport.models.qwen3_asr.names import layer_names
 from ncnnport.runtime import masks, rope, sampling
+from ncnnport.runtime.options import RuntimeOptions
+from ncnnport.runtime.precision import fp16_kv_rows
 from ncnnport.runtime.preallocated_cache import PreallocatedKVCache
 from ncnnport.runtime.zero_copy import zero_copy
 
@@ -41,11 +45,24 @@ class Generation:
     stopped_by_eos: bool = False
 
 
+def _fp16_cache_rows(modules: Mapping[str, Any], decode_names: Sequence[str], package_precision: str) -> bool:
+    """Whether the decode layers keep K/V rows in fp16 (``runtime.precision.fp16_kv_rows`` of
+    their runtime options and the package's weights): the C++ loop's rule, so the two loops
+    compute the same numbers. Runners without options (torch) keep fp32 rows."""
+    options = [getattr(modules[n], "options", None) for n in decode_names]
+    if not options or any(not isinstance(o, RuntimeOptions) for o in options):
+        return False
+    flags = {fp16_kv_rows(o, package_precision) for o in options}
+    if len(flags) > 1:
+        raise ValueError("qwen3-asr pipeline: the decode layers' options disagree on fp16 K/V rows")
+    return flags.pop()
+
+
 class Qwen3ASRPipeline:
     """``modules`` maps spec names to runners with ``.run(list[np.ndarray]) -> list[np.ndarray]``."""
 
     def __init__(self, modules: Mapping[str, Any], dims: Mapping[str, Any], *, audio_token_id: int,
-                 eos_ids: Sequence[int], n_window_infer: int) -> None:
+                 eos_ids: Sequence[int], n_window_infer: int, package_precision: str = "fp32") -> None:
         self.d = dict(dims)
         self.names = layer_names(self.d)
         wanted = {"audio_conv", "audio_head", "embed", "lm_head", *self.names["audio"],
@@ -55,6 +72,7 @@ class Qwen3ASRPipeline:
             raise KeyError(f"qwen3-asr pipeline: modules missing: {sorted(missing)}")
         self.m = modules
         self.decoders = [zero_copy(modules[n]) for n in self.names["decode"]]
+        self.fp16_cache_rows = _fp16_cache_rows(modules, self.names["decode"], package_precision)
         self.audio_token_id = int(audio_token_id)
         self.eos_ids = {int(e) for e in eos_ids}
         self.window_chunks = n_window_infer // self.d["chunk_frames"]
@@ -117,7 +135,7 @@ class Qwen3ASRPipeline:
 
     def new_cache(self, capacity: int) -> PreallocatedKVCache:
         return PreallocatedKVCache(self.d["layers"], self.d["kv_heads"], self.d["head_dim"], capacity,
-                                   owner="qwen3-asr decoder")
+                                   owner="qwen3-asr decoder", fp16_rows=self.fp16_cache_rows)
 
     def prefill(self, emb: np.ndarray, cache: PreallocatedKVCache) -> np.ndarray:
         """Prompt embeddings ``[1,S,H]`` through every prefill layer into an empty ``cache``;

@@ -507,13 +507,14 @@ def torch_device_name(device: str) -> str | None:
     return str(torch.cuda.get_device_name(torch.device(device)))
 
 
-def kv_bytes_per_position(prep: Any) -> int | None:
-    """The K/V cache bytes one more position adds to a token's reads (every layer, fp32): the
-    port's ``bench_bytes`` at cache lengths 2 and 1 differenced (None where it counts no cache)."""
+def kv_bytes_per_position(prep: Any, precision: str = "fp32") -> int | None:
+    """The K/V cache bytes one more position adds to a token's reads (every layer, at the cache
+    width of ``precision``): the port's ``bench_bytes`` at cache lengths 2 and 1 differenced
+    (None where it counts no cache)."""
     stage = prep.port.bench_token_stage()
     if stage is None:
         return None
-    one, two = (prep.port.bench_bytes(prep.loaded, stage, size) or {} for size in ("1", "2"))
+    one, two = (prep.port.bench_bytes(prep.loaded, stage, size, precision) or {} for size in ("1", "2"))
     if "kv_cache" not in one or "kv_cache" not in two:
         return None
     return int(two["kv_cache"]) - int(one["kv_cache"]) or None
@@ -531,7 +532,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     stage = None if vulkan else prep.port.bench_token_stage()
     token_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", precision) or {}).get("weights")
     fp32_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", "fp32") or {}).get("weights")
-    kv_per_position = None if vulkan else kv_bytes_per_position(prep)
+    kv_per_position = None if vulkan else kv_bytes_per_position(prep, precision)
     released = release_reference(prep.loaded)
     bandwidth: dict[str, float] | None = None
     load_before = os.getloadavg()
@@ -692,8 +693,9 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
     return "\n".join(lines)
 
 
-KV_NOTE = ("\"incl. K/V\": the bound with the fp32 K/V cache a decode step also reads, at the mean cache length of "
-           "the steps (prompt + new tokens / 2); reported, not judged: the target is the weights' bound.")
+KV_NOTE = ("\"incl. K/V\": the bound with the K/V cache a decode step also reads (4 bytes per value, 2 under a "
+           "precision that keeps fp16 rows), at the mean cache length of the steps (prompt + new tokens / 2); "
+           "reported, not judged: the target is the weights' bound.")
 
 
 def bound_lines(report: Mapping[str, Any]) -> list[str]:

@@ -54,8 +54,9 @@ def cpp_table(cpp_exe: Path) -> dict:
 
 
 def test_the_cpp_table_is_runtime_precision_py(cpp_exe):
-    """Accepted names carry exactly Precision.flags (every PRECISION_FIELDS entry) and
-    Precision.mode; accepted + refused is exactly runtime/precision.py's vocabulary."""
+    """Accepted names carry exactly Precision.flags (every PRECISION_FIELDS entry),
+    Precision.mode and Precision.fp16_kv_cache; accepted + refused is exactly
+    runtime/precision.py's vocabulary."""
     table = cpp_table(cpp_exe)
     accepted = {p["name"]: p for p in table["accepted"]}
     assert [p["name"] for p in table["accepted"]][0] == "fp32"
@@ -65,6 +66,7 @@ def test_the_cpp_table_is_runtime_precision_py(cpp_exe):
         want = PRECISIONS[name]
         assert p["mode"] == want.mode, name
         assert p["flags"] == {k: bool(want.flags.get(k, False)) for k in PRECISION_FIELDS}, name
+        assert p["fp16_kv_cache"] is want.fp16_kv_cache, name
         assert not want.fp16_weights and not want.int8_weights, name  # a package, never an option
     assert all(table["refused"][n] for n in table["refused"])  # each refusal says why
 
@@ -256,8 +258,14 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
     assert got["timing"]["precision_flags"] == {k: bool(get(precision).flags.get(k, False)) for k in PRECISION_FIELDS}
     if got["timing"]["gemv"].startswith("ncnnport-") and precision != "bf16":  # the overwrite ran (it reads
         assert got["timing"]["gemv_calls"] > 0  # fp16 weights under fp16 storage; it steps aside under bf16)
+    # fp16 K/V rows under fp16-storage, stored in 2 bytes where the decode MatMul overwrite reads them
+    rows = "fp16" if get(precision).fp16_kv_cache else "fp32"
+    assert got["timing"]["kv_cache_rows"] == rows
+    two_bytes = rows == "fp16" and got["timing"]["matmul"].startswith("ncnnport-")
+    assert got["timing"]["kv_cache_value_bytes"] == (2 if two_bytes else 4)
     options = get(precision).options(RuntimeOptions(num_threads=1))
     asr = packaged.open_packaged(pkg, read_json(pkg / "model.json"), LazyModules(pkg, options=options))
+    assert asr.pipeline.new_cache(4).row_format == rows
     want = packaged.transcribe(asr, read_audio(audio), max_new_tokens=40)
     assert [c["token_ids"] for c in got["chunks"]] == want.token_ids
 

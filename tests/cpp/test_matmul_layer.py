@@ -113,6 +113,28 @@ def test_stream_kernels_give_the_same_bits_prefetching_or_not(check, trans_b):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_b", [1, 0])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp16_cache_rows_run_the_stream_kernels_within_the_summation_bound(check, shape, trans_b, threads):
+    """A K/V cache of fp16 rows (kv_cache.h KvRows::Fp16) reaches the overwrite as 2-byte bits:
+    the stream kernels widen them on load (exact), so against the built-in over the same values
+    in float32 the fp32 bound holds, and the weighted sums are the fused chain over those values."""
+    out = run_check(check, *shape, "--trans-b", str(trans_b), "--threads", str(threads), "--seed", "5", "--fp16-cache")
+    assert out["fp16_cache"] is True
+    assert_kernel_within_bound(out, shape, trans_b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_fp16_cache_rows_past_the_stream_kernels_are_widened_for_the_builtin(check, trans_b):
+    """More query rows than the stream kernels take (MLA's 32): the built-in reads only floats,
+    so the overwrite hands it B widened and gives the built-in's bits over the same values."""
+    out = run_check(check, 1, 32, 64, 100, "--trans-b", str(trans_b), "--fp16-cache")
+    assert out["kernel_calls"] == 0 and out["bit_equal"] and out["fp16_cache"], out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("trans_b", [1, 0])
 def test_more_query_rows_than_the_kernel_takes_stay_on_the_builtin(check, trans_b):
     out = run_check(check, 2, MAX_ROWS + 1, 16, 33, "--trans-b", str(trans_b))
@@ -163,6 +185,26 @@ def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(bu
     assert off["enabled"] is False and off["collapsed_bytes"] == 0 and off["advised_bytes"] == 0
     assert on["enabled"] is True
     assert on["collapsed_bytes"] % (2 << 20) == 0 and on["advised_bytes"] % (2 << 20) == 0, on
+
+
+@pytest.mark.slow
+def test_qwen3_asr_fp16_cache_rows_are_the_same_numbers_in_two_or_four_bytes(built_cpp, package, speech, tmp_path):
+    """Under fp16-storage the cache holds fp16 rows: 2-byte bits read by the overwrite, or the same
+    values as floats for ncnn's MatMul (--ncnn-matmul). Same numbers, so the same ids; the 2-byte
+    cache holds half the bytes."""
+    exe = built_cpp(BUILD / "ncnnport-qwen3-asr", "NCNNPORT_CPP_BUILD")
+    base = [str(exe), "--package", str(package("qwen3-asr")), "--audio", str(speech), "--max-new-tokens", "24",
+            "--precision", "fp16-storage"]
+    ours = run_exe([*base, "--json-out", str(tmp_path / "ours.json")])
+    plain = run_exe([*base, "--json-out", str(tmp_path / "plain.json"), "--ncnn-matmul"])
+    assert [c["token_ids"] for c in ours["chunks"]] == [c["token_ids"] for c in plain["chunks"]]
+    mine, theirs = ours["timing"], plain["timing"]
+    assert mine["kv_cache_rows"] == theirs["kv_cache_rows"] == "fp16"
+    assert theirs["kv_cache_value_bytes"] == 4
+    if mine["matmul"] == "ncnn":
+        pytest.skip("this CPU lacks AVX2 / FMA: the MatMul overwrite is not registered")
+    assert mine["kv_cache_value_bytes"] == 2 and mine["matmul_calls"] >= 2 * mine["decode_steps"] > 0
+    assert 0 < mine["kv_cache_huge_peak_bytes"] < theirs["kv_cache_huge_peak_bytes"]
 
 
 @pytest.mark.slow

@@ -21,7 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_int8_weights_runs_its_own_package_with_fp32_ncnn_flags() -> None:
     p = precision.get("int8-weights")
     assert (p.mode, p.package_name, p.inner_product_weight_bytes) == ("int8_weights", "package-int8w", 1)
-    assert p.options() == RuntimeOptions()  # the int8 lives in the graphs, not in ncnn options
+    # the int8 lives in the graphs, not in ncnn options; its decoders keep fp16 K/V rows (on the CPU)
+    assert p.options() == RuntimeOptions(fp16_kv_cache=True)
+    assert not p.options(RuntimeOptions(use_vulkan=True)).fp16_kv_cache
+    assert precision.fp16_kv_rows(RuntimeOptions(), "int8-weights")  # the package alone says so
+    assert not precision.fp16_kv_rows(RuntimeOptions(use_vulkan=True), "int8-weights")
+    assert not precision.fp16_kv_rows(RuntimeOptions(), "fp16-weights")
     assert precision.of_options(RuntimeOptions()).name == "fp32"  # fp32 flags still read as fp32
     assert precision.get("fp16-weights").package_name == "package-fp16w"
     assert precision.get("bf16").package_name == "package"

@@ -141,3 +141,33 @@ def test_values_may_be_narrower_than_keys():
         cache.write(0, k[:, :, :1], k[:, :, :1])
     with pytest.raises(CacheError, match="differ in row count"):
         cache.write(0, k[:, :, :1], v[:, :, :2])
+
+
+def test_fp16_rows_hold_the_values_rounded_to_nearest_even():
+    """fp16 rows keep fp16's numbers (the C++ loop's 2-byte cache): round to nearest even, ties
+    included, and an fp32 cache keeps every bit."""
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    # a tie between two fp16 neighbours of 1.0 (spacing 2^-10): it rounds to the even one, 1.0
+    k[0, 0, 0, 0] = np.float32(1.0 + 2.0 ** -11)
+    v = (k * 3).astype(np.float32)
+    half = PreallocatedKVCache(1, 2, 4, capacity=4, fp16_rows=True)
+    full = PreallocatedKVCache(1, 2, 4, capacity=4)
+    for cache in (half, full):
+        cache.write(0, k, v)
+        cache.commit(3)
+    hk, hv = half.past(0)
+    assert hk.dtype == np.float32 and half.row_format == "fp16" and full.row_format == "fp32"
+    np.testing.assert_array_equal(hk, k.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(hv, v.astype(np.float16).astype(np.float32))
+    assert hk[0, 0, 0, 0] == 1.0 and not np.array_equal(hk, k)
+    np.testing.assert_array_equal(full.past(0)[0], k)
+
+
+def test_fp16_rows_refuse_values_past_fp16_range():
+    cache = PreallocatedKVCache(1, 1, 2, capacity=2, owner="dec", fp16_rows=True)
+    k = np.array([[[[1.0, 70000.0]]]], np.float32)
+    with pytest.raises(CacheError, match=r"dec: layer 0 K/V at position 0 exceed fp16's range \(\|x\| > 65504 in 1"):
+        cache.write(0, k, np.zeros_like(k))
+    assert cache.length == 0
+    cache.write(0, np.full_like(k, 65504.0), np.zeros_like(k))  # the largest fp16 is kept

@@ -37,6 +37,8 @@ GpuKvCache::GpuKvCache(const ncnn::VulkanDevice* vkdev, const KvCache& host, ncn
       capacity_(host.capacity()),
       length_(host.length()),
       pending_(host.layers(), 0) {
+    if (host.rows() != KvRows::Fp32)  // fp16_kv_rows is never true on Vulkan (precision.h)
+        throw GraphError("gpu kv cache: the host cache holds fp16 rows; the GPU decode's blobs are float32");
     opt_.blob_vkallocator = allocator_.get();
     opt_.workspace_vkallocator = allocator_.get();
     opt_.staging_vkallocator = staging_.get();

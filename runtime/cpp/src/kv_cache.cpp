@@ -4,20 +4,24 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace ncnnport {
 
-KvCache::KvCache(int layers, int heads, int head_dim, int capacity)
-    : heads_(heads), head_dim_(head_dim), capacity_(capacity), pending_(layers, 0) {
+const char* kv_rows_label(KvRows rows) { return rows == KvRows::Fp32 ? "fp32" : "fp16"; }
+
+KvCache::KvCache(int layers, int heads, int head_dim, int capacity, KvRows rows)
+    : heads_(heads), head_dim_(head_dim), capacity_(capacity), rows_(rows), pending_(layers, 0) {
     if (layers <= 0 || heads <= 0 || head_dim <= 0 || capacity <= 0)
         throw GraphError("kv cache: layers, heads, head_dim and capacity must be positive");
     for (int i = 0; i < layers; ++i) {
         // on huge pages (huge_page_allocator.h): each step streams the past once
-        k_.emplace_back(head_dim, capacity, heads, 4u, huge_page_allocator());
-        v_.emplace_back(head_dim, capacity, heads, 4u, huge_page_allocator());
+        k_.emplace_back(head_dim, capacity, heads, value_bytes(), huge_page_allocator());
+        v_.emplace_back(head_dim, capacity, heads, value_bytes(), huge_page_allocator());
         if (k_.back().empty() || v_.back().empty())
             throw GraphError("kv cache: ncnn could not allocate [" + std::to_string(heads) + ", "
-                             + std::to_string(capacity) + ", " + std::to_string(head_dim) + "] float32");
+                             + std::to_string(capacity) + ", " + std::to_string(head_dim) + "] "
+                             + (rows == KvRows::Fp16 ? "fp16" : "float32"));
     }
 }
 
@@ -39,9 +43,29 @@ void KvCache::write_one(ncnn::Mat& dst, const Tensor& t, const char* what, int l
                          + std::to_string(capacity_));
     for (float x : t.data)
         if (!std::isfinite(x)) throw GraphError(where + ": non-finite value from the graph");
-    for (int h = 0; h < heads_; ++h)
-        std::memcpy(dst.channel(h).row(length_), t.data.data() + static_cast<size_t>(h) * rows * head_dim_,
-                    static_cast<size_t>(rows) * head_dim_ * sizeof(float));
+    const size_t n = static_cast<size_t>(rows) * head_dim_;
+    if (rows_ == KvRows::Fp32) {
+        for (int h = 0; h < heads_; ++h)
+            std::memcpy(dst.channel(h).row(length_), t.data.data() + h * n, n * sizeof(float));
+        return;
+    }
+    // round to nearest even (the conversion of _Float16, IEEE's, subnormals kept: numpy's astype),
+    // checked for overflow before anything is written
+    std::vector<_Float16> half(t.data.size());
+    for (size_t i = 0; i < half.size(); ++i) {
+        half[i] = static_cast<_Float16>(t.data[i]);
+        if (!std::isfinite(static_cast<float>(half[i])))
+            throw GraphError(where + ": a value rounds past fp16's largest (65504): run with an fp32 cache (--precision fp32)");
+    }
+    for (int h = 0; h < heads_; ++h) {
+        const _Float16* src = half.data() + h * n;
+        if (rows_ == KvRows::Fp16) {
+            std::memcpy(dst.channel(h).row<unsigned short>(length_), src, n * sizeof(_Float16));
+        } else {
+            float* out = dst.channel(h).row(length_);
+            for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+        }
+    }
 }
 
 void KvCache::write(int layer, const Tensor& k, const Tensor& v) {

@@ -40,17 +40,29 @@ MATMUL_TARGET inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_hadd_ps(h2, h2));
 }
 
+// A cache element or 8 of them as floats: fp32 rows as they are, fp16 rows (kv_cache.h KvRows::Fp16,
+// 2-byte bits) widened, which is exact, so a product over fp16 rows is the same arithmetic as over
+// the same rows held in float32.
+#define MATMUL_TARGET_F16 __attribute__((target("avx2,fma,f16c")))
+MATMUL_TARGET_F16 inline float cache_value(const float* p) { return *p; }
+MATMUL_TARGET_F16 inline float cache_value(const unsigned short* p) { return _cvtsh_ss(*p); }
+MATMUL_TARGET_F16 inline __m256 cache_load8(const float* p) { return _mm256_loadu_ps(p); }
+MATMUL_TARGET_F16 inline __m256 cache_load8(const unsigned short* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // The scalar rest of a dot product of q with a cache row: k in [k0, K), the K % 8 the lanes left.
-MATMUL_TARGET inline float dot_tail(const float* q, const float* row, int k0, int K) {
+template <typename T>
+MATMUL_TARGET_F16 inline float dot_tail(const float* q, const T* row, int k0, int K) {
     float s = 0.f;
-    for (int k = k0; k < K; ++k) s = std::fma(q[k], row[k], s);
+    for (int k = k0; k < K; ++k) s = std::fma(q[k], cache_value(row + k), s);
     return s;
 }
 
 // Prefetches the `bytes` of the cache row at `row` kGemvPrefetchBytes ahead in the stream (the
 // rows follow each other, so that is a later row of the same head, or past its end: a prefetch
 // never faults). Whether the kernels prefetch is chosen on the machine (attention_prefetch_choice).
-inline void prefetch_row(const float* row, size_t bytes) { prefetch_stream_step(row, (bytes + 63) / 64 * 64); }
+inline void prefetch_row(const void* row, size_t bytes) { prefetch_stream_step(row, (bytes + 63) / 64 * 64); }
 
 // out[r][n] = sum_k q[r][k] c[n][k] for R (1-4) query rows against every cache row of c (rows K
 // apart). Each cache row is read whole before the next, so the cache slice is one sequential
@@ -59,24 +71,24 @@ inline void prefetch_row(const float* row, size_t bytes) { prefetch_stream_step(
 // version read four cache rows side by side, k by k, and ran at ~7 GB/s on one EPYC thread over a
 // cold 4 MB slice; this order reads it at ~14 GB/s, 2.0-2.4x faster (runtime/cpp/README.md,
 // "Decode attention").
-template <int R, bool Prefetch>
-MATMUL_TARGET void scores_rows(const float* q, int K, const float* c, int N, float* out, int out_stride) {
+template <int R, bool Prefetch, typename T>
+MATMUL_TARGET_F16 void scores_rows(const float* q, int K, const T* c, int N, float* out, int out_stride) {
     const int K16 = K - K % 16, K8 = K - K % 8;
     for (int n = 0; n < N; ++n) {
-        const float* row = c + static_cast<size_t>(n) * K;
-        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(float));
+        const T* row = c + static_cast<size_t>(n) * K;
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(T));
         __m256 even[R], odd[R];
         for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
         int k = 0;
         for (; k < K16; k += 16) {
-            const __m256 x = _mm256_loadu_ps(row + k), y = _mm256_loadu_ps(row + k + 8);
+            const __m256 x = cache_load8(row + k), y = cache_load8(row + k + 8);
             for (int r = 0; r < R; ++r) {
                 even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
                 odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k + 8), y, odd[r]);
             }
         }
         for (; k < K8; k += 8) {
-            const __m256 x = _mm256_loadu_ps(row + k);
+            const __m256 x = cache_load8(row + k);
             for (int r = 0; r < R; ++r) even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
         }
         for (int r = 0; r < R; ++r)
@@ -85,8 +97,8 @@ MATMUL_TARGET void scores_rows(const float* q, int K, const float* c, int N, flo
 }
 
 // One head's scores: query rows four at a time (one pass over the cache slice each), then the rest.
-template <bool Prefetch>
-void scores_any(int M, const float* q, int K, const float* c, int N, float* out) {
+template <bool Prefetch, typename T>
+void scores_any(int M, const float* q, int K, const T* c, int N, float* out) {
     int m = 0;
     for (; m + 4 <= M; m += 4) scores_rows<4, Prefetch>(q + static_cast<size_t>(m) * K, K, c, N, out + static_cast<size_t>(m) * N, N);
     const float* qm = q + static_cast<size_t>(m) * K;
@@ -102,19 +114,19 @@ void scores_any(int M, const float* q, int K, const float* c, int N, float* out)
 // out[m][j] = sum_k w[m][k] v[k][j] for M rows of weights over the cache rows of v (J wide): each
 // cache row is read whole, in order (one sequential stream), and added into the M output rows,
 // which stay in L1 (M * J floats); k ascending from zero, one fused multiply-add per term.
-template <bool Prefetch>
-MATMUL_TARGET void weighted_any(int M, const float* w, int K, const float* v, int J, float* out) {
+template <bool Prefetch, typename T>
+MATMUL_TARGET_F16 void weighted_any(int M, const float* w, int K, const T* v, int J, float* out) {
     const int J8 = J - J % 8;
     for (int i = 0; i < M * J; ++i) out[i] = 0.f;
     for (int k = 0; k < K; ++k) {
-        const float* row = v + static_cast<size_t>(k) * J;
-        if (Prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(float));
+        const T* row = v + static_cast<size_t>(k) * J;
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(T));
         for (int m = 0; m < M; ++m) {
             const float wk = w[static_cast<size_t>(m) * K + k];
             const __m256 b = _mm256_set1_ps(wk);
             float* o = out + static_cast<size_t>(m) * J;
-            for (int j = 0; j < J8; j += 8) _mm256_storeu_ps(o + j, _mm256_fmadd_ps(b, _mm256_loadu_ps(row + j), _mm256_loadu_ps(o + j)));
-            for (int j = J8; j < J; ++j) o[j] = std::fma(wk, row[j], o[j]);
+            for (int j = 0; j < J8; j += 8) _mm256_storeu_ps(o + j, _mm256_fmadd_ps(b, cache_load8(row + j), _mm256_loadu_ps(o + j)));
+            for (int j = J8; j < J; ++j) o[j] = std::fma(wk, cache_value(row + j), o[j]);
         }
     }
 }
@@ -268,7 +280,17 @@ public:
     int destroy_pipeline(const ncnn::Option& opt) override { return builtin_->destroy_pipeline(opt); }
 
     int forward(const std::vector<ncnn::Mat>& bottoms, std::vector<ncnn::Mat>& tops, const ncnn::Option& opt) const override {
-        if (!kernel_applies(bottoms, opt)) return builtin_->forward(bottoms, tops, opt);
+        if (!kernel_applies(bottoms, opt)) {
+            // fp16 cache rows (kv_cache.h) outside the stream kernels' case: the built-in reads
+            // floats, so it gets B widened (exact: the same numbers)
+            if (bottoms.size() == 2 && is_fp16_cache(bottoms[1])) {
+                std::vector<ncnn::Mat> widened = bottoms;
+                ncnn::cast_float16_to_float32(bottoms[1], widened[1], opt);
+                if (widened[1].empty()) return -100;
+                return builtin_->forward(widened, tops, opt);
+            }
+            return builtin_->forward(bottoms, tops, opt);
+        }
         const ncnn::Mat& A = bottoms[0];
         const ncnn::Mat& B = bottoms[1];
         const int heads = A.c, M = A.h, K = A.w;
@@ -279,7 +301,7 @@ public:
         const bool scores_case = trans_b_ != 0;
         if (M <= kStreamMaxRows) {
             GemvPrefetchChoice& choice = attention_prefetch_choice(scores_case);
-            const size_t bytes = static_cast<size_t>(heads) * N * K * sizeof(float);  // the cache rows read
+            const size_t bytes = static_cast<size_t>(heads) * N * K * B.elemsize;  // the cache rows read
             const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
             const auto t0 = std::chrono::steady_clock::now();
             if (pick.prefetch) stream_heads<true>(A, B, top, scores_case, opt.num_threads);
@@ -310,24 +332,37 @@ private:
     static void stream_heads(const ncnn::Mat& A, const ncnn::Mat& B, ncnn::Mat& top, bool scores_case, int threads) {
         const int heads = A.c, M = A.h, K = A.w;
         const int N = top.w;
+        const bool fp16 = B.elemsize == 2;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (int p = 0; p < heads; ++p) {
             const float* a = A.channel(p);
-            const float* b = B.channel(p);
             float* out = top.channel(p);
-            if (scores_case) scores_any<Prefetch>(M, a, K, b, N, out);
-            else weighted_any<Prefetch>(M, a, K, b, N, out);
+            if (fp16) {
+                const auto* b = static_cast<const unsigned short*>(B.channel(p).data);
+                if (scores_case) scores_any<Prefetch>(M, a, K, b, N, out);
+                else weighted_any<Prefetch>(M, a, K, b, N, out);
+            } else {
+                const float* b = B.channel(p);
+                if (scores_case) scores_any<Prefetch>(M, a, K, b, N, out);
+                else weighted_any<Prefetch>(M, a, K, b, N, out);
+            }
         }
     }
 
+    // A 3-D operand of 2-byte elements, one per pack: the fp16 rows of a K/V cache.
+    static bool is_fp16_cache(const ncnn::Mat& m) { return m.dims == 3 && m.elempack == 1 && m.elemsize == 2 && !m.empty(); }
+
     // The decode-attention case: both operands 3-D with one head per channel (no broadcast),
-    // unpacked fp32 rows, at most kMatmulMaxRows rows of A, and the inner sizes agreeing.
+    // unpacked fp32 rows (B may be fp16 cache rows up to kStreamMaxRows rows of A, where the CPU
+    // has F16C), at most kMatmulMaxRows rows of A, and the inner sizes agreeing.
     bool kernel_applies(const std::vector<ncnn::Mat>& bottoms, const ncnn::Option& opt) const {
         if (opt.use_vulkan_compute || bottoms.size() != 2) return false;
         const ncnn::Mat& A = bottoms[0];
         const ncnn::Mat& B = bottoms[1];
+        const bool fp16_b = is_fp16_cache(B);
+        if (fp16_b && (!matmul_fp16_cache_supported() || A.h > kStreamMaxRows)) return false;
         for (const ncnn::Mat* m : {&A, &B})
-            if (m->dims != 3 || m->elempack != 1 || m->elemsize != 4 || m->empty()) return false;
+            if (m->dims != 3 || m->elempack != 1 || (m->elemsize != 4 && !(m == &B && fp16_b)) || m->empty()) return false;
         if (A.c != B.c || A.h < 1 || A.h > kMatmulMaxRows) return false;
         if (A.h > kStreamMaxRows && !matmul_many_rows_supported()) return false;
         return trans_b_ ? B.w == A.w : B.h == A.w;
@@ -352,6 +387,15 @@ bool matmul_layer_supported() {
 bool matmul_many_rows_supported() {
 #if NCNNPORT_MATMUL_X86
     static const bool yes = matmul_layer_supported() && __builtin_cpu_supports("avx512f");
+    return yes;
+#else
+    return false;
+#endif
+}
+
+bool matmul_fp16_cache_supported() {
+#if NCNNPORT_MATMUL_X86
+    static const bool yes = matmul_layer_supported() && __builtin_cpu_supports("f16c");
     return yes;
 #else
     return false;

@@ -276,6 +276,20 @@ void Graph::load() const {
         for (const char* b : net_->input_names()) listed = listed || t.name == b;
         if (!listed) throw PackageError(param.string() + ": no input blob '" + t.name + "' (named by the spec)");
     }
+    fp16_cache_inputs_.clear();
+    if (matmul_active(options_) && matmul_fp16_cache_supported()) {
+        const auto& blobs = net_->blobs();
+        const auto& layers = net_->layers();
+        for (size_t i = 0; i < blobs.size(); ++i) {
+            const int c = blobs[i].consumer;
+            if (blobs[i].producer < 0 || c < 0) continue;
+            const ncnn::Layer* producer = layers[blobs[i].producer];
+            const ncnn::Layer* consumer = layers[c];
+            if (producer->type == "Input" && consumer->type == "MatMul" && consumer->bottoms.size() == 2
+                && consumer->bottoms[1] == static_cast<int>(i))
+                fp16_cache_inputs_.push_back(blobs[i].name);
+        }
+    }
     loaded_ = true;
 }
 
@@ -289,9 +303,12 @@ Graph::~Graph() = default;
 
 void Graph::bind_input(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
     if (m.empty()) throw GraphError("graph " + name_ + ", input " + t.name + ": empty Mat");
-    if (m.elemsize != 4 || m.elempack != 1)
+    const bool fp16_ok = m.elemsize == 2 && m.dims == 3
+                         && std::find(fp16_cache_inputs_.begin(), fp16_cache_inputs_.end(), t.name) != fp16_cache_inputs_.end();
+    if ((m.elemsize != 4 && !fp16_ok) || m.elempack != 1)
         throw GraphError("graph " + name_ + ", input " + t.name + ": Mat of " + std::to_string(m.elemsize)
-                         + "-byte elements, pack " + std::to_string(m.elempack) + " (want 4-byte, pack 1)");
+                         + "-byte elements, pack " + std::to_string(m.elempack) + " (want 4-byte, pack 1"
+                         + (m.elemsize == 2 ? "; 2-byte rows only where ncnnport's decode MatMul reads them" : "") + ")");
     std::vector<int64_t> got = mat_shape(m);
     got.insert(got.begin(), 1);
     if (!bind_sizes(t, got, sizes))

@@ -23,6 +23,7 @@ const std::vector<CpuPrecision>& cpu_precisions() {
         CpuPrecision fp32{"fp32", "fp32"};
         CpuPrecision fp16_storage{"fp16-storage", "fp16"};
         fp16_storage.fp16_storage = true;
+        fp16_storage.fp16_kv_cache = true;
         CpuPrecision bf16{"bf16", "bf16"};
         bf16.bf16_storage = true;
         return std::vector<CpuPrecision>{fp32, fp16_storage, bf16};
@@ -61,10 +62,14 @@ const CpuPrecision& checked_precision(const std::string& name, bool vulkan) {
     return *found;
 }
 
+bool fp16_kv_rows(const CpuPrecision& precision, const std::string& package_precision, bool vulkan) {
+    return !vulkan && (precision.fp16_kv_cache || package_precision == "int8-weights");
+}
+
 nlohmann::json precisions_table_json() {
     nlohmann::json accepted = nlohmann::json::array();
     for (const auto& p : cpu_precisions())
-        accepted.push_back({{"name", p.name}, {"mode", p.mode}, {"flags", p.flags_json()}});
+        accepted.push_back({{"name", p.name}, {"mode", p.mode}, {"flags", p.flags_json()}, {"fp16_kv_cache", p.fp16_kv_cache}});
     nlohmann::json refused = nlohmann::json::object();
     for (const auto& [name, reason] : refused_precisions()) refused[name] = reason;
     return {{"accepted", accepted}, {"refused", refused}};

@@ -2,7 +2,7 @@
 // MatMul on one random batched product, both ways (transB 1: scores q K^T, transB 0: weights V).
 //
 //   ncnnport-matmul-check --heads H --m M --k K --n N [--trans-b 0|1] [--threads T] [--seed S]
-//                         [--rounds R] [--cold] [--dump PATH]
+//                         [--rounds R] [--cold] [--dump PATH] [--fp16-cache]
 //
 // Why: the overwrite must compute what the built-in computes up to fp32 summation order, and the
 // tests must see that its kernel ran rather than the built-in it delegates to. Both nets load the
@@ -26,6 +26,11 @@
 // call's bits. "prefetch" is the attention prefetch choice of the product's kind (gemv_prefetch.h):
 // the few-row kernels alternate prefetching and plain calls while they sample, so a run of at
 // least 2 x kGemvPrefetchSamples calls over kPastL2PrefetchMinBytes compares both variants' bits.
+// --fp16-cache: B holds fp16 values (rounded to nearest even) and the overwrite's net gets them
+// as 2-byte fp16 bits, as a K/V cache of fp16 rows reaches it (kv_cache.h KvRows::Fp16); the
+// reference gets the same values as floats. The stream kernels widen on load (exact), so the
+// bound above holds unchanged; past their rows the overwrite widens B for the built-in, which then
+// gives the reference's bits ("fp16_cache" in the JSON).
 // --dump PATH writes the overwrite's output (fp32, [heads, m, n]) there, so runs can be compared
 // bit for bit (e.g. at two thread counts). Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.
@@ -53,7 +58,7 @@ namespace {
 struct Args {
     int heads = 0, m = 0, k = 0, n = 0, trans_b = 1, threads = 1, rounds = 0;
     unsigned seed = 0;
-    bool cold = false;
+    bool cold = false, fp16_cache = false;
     std::string dump;
 };
 
@@ -74,6 +79,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--rounds") a.rounds = value();
         else if (f == "--seed") a.seed = static_cast<unsigned>(value());
         else if (f == "--cold") a.cold = true;
+        else if (f == "--fp16-cache") a.fp16_cache = true;
         else if (f == "--dump") {
             if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
             a.dump = argv[++i];
@@ -107,6 +113,21 @@ void open_net(ncnn::Net& net, const Args& a, bool overwrite) {
     net.load_model(none);
 }
 
+// B's values rounded to fp16 in place, and the same values as fp16 bits in a Mat of 2-byte
+// elements from the cache's allocator.
+ncnn::Mat round_to_fp16(ncnn::Mat& B, ncnn::Allocator* allocator) {
+    ncnn::Mat half(B.w, B.h, B.c, 2u, allocator);
+    for (int p = 0; p < B.c; ++p) {
+        float* row = B.channel(p);
+        auto* bits = static_cast<_Float16*>(half.channel(p).data);
+        for (int i = 0; i < B.w * B.h; ++i) {
+            bits[i] = static_cast<_Float16>(row[i]);
+            row[i] = static_cast<float>(bits[i]);
+        }
+    }
+    return half;
+}
+
 ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
     ncnn::Extractor ex = net.create_extractor();
     ex.input("a", A);
@@ -124,12 +145,13 @@ int main(int argc, char** argv) {
         std::mt19937 rng(a.seed);
         const ncnn::Mat A = random_mat(a.k, a.m, a.heads, rng);
         ncnn::Allocator* cache = ncnnport::huge_page_allocator();
-        const ncnn::Mat B = a.trans_b ? random_mat(a.k, a.n, a.heads, rng, cache) : random_mat(a.n, a.k, a.heads, rng, cache);
+        ncnn::Mat B = a.trans_b ? random_mat(a.k, a.n, a.heads, rng, cache) : random_mat(a.n, a.k, a.heads, rng, cache);
+        const ncnn::Mat B_test = a.fp16_cache ? round_to_fp16(B, cache) : B;  // the operand the overwrite gets
         ncnn::Net reference, test;
         open_net(reference, a, false);
         open_net(test, a, true);
         const uint64_t calls_before = ncnnport::matmul_layer_calls();
-        const ncnn::Mat want = run(reference, A, B), got = run(test, A, B);
+        const ncnn::Mat want = run(reference, A, B), got = run(test, A, B_test);
         const uint64_t kernel_calls = ncnnport::matmul_layer_calls() - calls_before;
         if (want.w != got.w || want.h != got.h || want.c != got.c) throw std::runtime_error("output shapes differ");
         if (want.w != a.n || want.h != a.m || want.c != a.heads) throw std::runtime_error("output is not [heads, m, n]");
@@ -163,7 +185,7 @@ int main(int argc, char** argv) {
                               {"many_rows", ncnnport::matmul_many_rows_supported()}, {"heads", a.heads}, {"m", a.m}, {"k", a.k}, {"n", a.n}, {"trans_b", a.trans_b},
                               {"threads", a.threads}, {"out_shape", {want.c, want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
-                              {"bit_equal", bit_equal}};
+                              {"bit_equal", bit_equal}, {"fp16_cache", a.fp16_cache}};
         if (!a.trans_b) out["equals_fma_chain"] = equals_chain;
         if (!a.dump.empty()) {
             std::ofstream f(a.dump, std::ios::binary);
@@ -175,7 +197,7 @@ int main(int argc, char** argv) {
         if (a.rounds > 0) {
             bool rounds_equal = true;  // every timed call of the overwrite gave the first call's bits
             auto timed_test = [&] {
-                const ncnn::Mat again = run(test, A, B);
+                const ncnn::Mat again = run(test, A, B_test);
                 for (int p = 0; p < got.c; ++p)
                     rounds_equal = rounds_equal && std::memcmp(again.channel(p), got.channel(p), sizeof(float) * got.w * got.h) == 0;
             };

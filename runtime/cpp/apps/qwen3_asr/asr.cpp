@@ -8,6 +8,8 @@
 
 #include "ncnnport/greedy.h"
 #include "ncnnport/kv_cache.h"
+#include "ncnnport/matmul_layer.h"
+#include "ncnnport/precision.h"
 
 namespace qwen3_asr {
 
@@ -66,6 +68,7 @@ ModelInfo read_model_info(const std::filesystem::path& package) {
     m.default_max_new_tokens = positive(f, "generation.max_new_tokens");
     m.max_chunk_seconds = f.number("generation.max_chunk_seconds");
     m.tokenizer_file = f.string("files.tokenizer");
+    m.precision = f.has("precision") ? f.string("precision") : "fp32";  // package/model_json.py DEFAULT_PRECISION
     if (m.head_dim % 2) f.fail("dims.head_dim", "must be even (rotate-half RoPE)");
     // The package's log-mel constants must be the ones logmel.cpp computes with (packaged.check_preprocessing).
     const ncnnport::LogMelConfig ours;
@@ -112,6 +115,9 @@ Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& opt
     if (options.vulkan && kv_on_gpu && !kv_on_gpu_)
         std::cerr << "ncnnport-qwen3-asr: the package has no gpu decode variant (decode_layer0.gpu.ncnn.param): "
                      "the KV cache stays on the host\n";
+    if (ncnnport::fp16_kv_rows(ncnnport::checked_precision(options.precision, options.vulkan), info_.precision, options.vulkan))
+        kv_rows_ = ncnnport::matmul_active(options) && ncnnport::matmul_fp16_cache_supported() ? ncnnport::KvRows::Fp16
+                                                                                                : ncnnport::KvRows::Fp16Values;
     for (int i = 0; kv_on_gpu_ && i < info_.layers; ++i) {
         const std::string n = "decode_layer" + std::to_string(i);
         graphs_[n + ".gpu"] = std::make_unique<ncnnport::Graph>(package, n, options, "gpu");
@@ -230,7 +236,7 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     if (s + max_new_tokens > info_.max_positions)
         throw std::invalid_argument("prompt of " + std::to_string(s) + " tokens + " + std::to_string(max_new_tokens)
                                     + " new tokens exceeds the model's max positions (" + std::to_string(info_.max_positions) + ")");
-    ncnnport::KvCache cache(info_.layers, info_.kv_heads, info_.head_dim, s + std::max(max_new_tokens, 1));
+    ncnnport::KvCache cache(info_.layers, info_.kv_heads, info_.head_dim, s + std::max(max_new_tokens, 1), kv_rows_);
 
     // prefill: RoPE for 0..s-1, causal mask, every layer's K/V into the cache
     std::vector<float> cos, sin;

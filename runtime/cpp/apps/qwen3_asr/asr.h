@@ -25,6 +25,7 @@ struct ModelInfo {
     double rope_theta = 0.0, max_chunk_seconds = 0.0;
     std::vector<int> eos_ids;
     std::string prefix_text, suffix_text, audio_token, language_prefill, tokenizer_file;
+    std::string precision;  // the package's weights: "fp32", "fp16-weights" or "int8-weights"
     std::vector<int> prefix_ids, suffix_ids;  // the processor's ids of the two pieces, for a check
     ncnnport::LogMelConfig mel;
 };
@@ -67,6 +68,9 @@ public:
     std::string decode_text(const std::vector<int>& tokens) const { return tokenizer_.decode(tokens, true); }
     const ModelInfo& info() const { return info_; }
     bool kv_on_gpu() const { return kv_on_gpu_; }
+    // The host cache's rows (kv_cache.h): fp16 under ncnnport::fp16_kv_rows, stored in 2 bytes
+    // where the decode MatMul overwrite reads them (matmul_fp16_cache_supported), else as floats.
+    ncnnport::KvRows kv_rows() const { return kv_rows_; }
     // Seconds spent in each opened graph so far (prefill, decode and head apart), so a token's
     // cost can be split between the layers, the head and the host work around them.
     std::map<std::string, double> graph_seconds() const;
@@ -88,6 +92,7 @@ private:
     std::map<std::string, std::unique_ptr<ncnnport::Graph>> graphs_;
     std::vector<float> inv_freq_;
     bool kv_on_gpu_ = false;
+    ncnnport::KvRows kv_rows_ = ncnnport::KvRows::Fp32;
 #if NCNN_VULKAN
     std::unique_ptr<ncnnport::GpuArena> arena_;  // the recorded decode steps' device memory
 #endif

@@ -176,6 +176,9 @@ int run(const Args& args) {
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
         out["timing"]["graph_s"] = asr.graph_seconds();
+        // the host cache's numbers and the bytes it stores them in (kv_cache.h KvRows)
+        out["timing"]["kv_cache_rows"] = ncnnport::kv_rows_label(asr.kv_rows());
+        out["timing"]["kv_cache_value_bytes"] = asr.kv_rows() == ncnnport::KvRows::Fp16 ? 2 : 4;
         out["timing"].update(ncnnport::gemv_json(graph_options));
         out["timing"]["huge_pages"] = ncnnport::huge_pages_json(graph_options.huge_pages && !args.vulkan);
         out["timing"].update(ncnnport::precision_record(args.precision));  // the flags the nets carried

@@ -24,6 +24,11 @@ namespace ncnnport {
 // True on an x86 build running on a CPU with AVX2 and FMA; false elsewhere (never registered).
 bool matmul_layer_supported();
 
+// True where the stream kernels read fp16 cache rows (kv_cache.h KvRows::Fp16) in place:
+// matmul_layer_supported() and F16C. Elsewhere the overwrite widens such an operand for ncnn's
+// built-in, so a cache is stored in 2 bytes only where this holds.
+bool matmul_fp16_cache_supported();
+
 // True where the many-row kernels run (M > kStreamMaxRows): matmul_layer_supported() and AVX-512F.
 bool matmul_many_rows_supported();
 

@@ -182,7 +182,8 @@ public:
     Graph& operator=(const Graph&) = delete;
 
     // Inputs in spec order. Checks each Mat against its spec (rank, fixed sizes, one value per
-    // symbol), feeds and extracts every output, checking return codes, and returns outputs in
+    // symbol; float32, or fp16 for an input that only a MatMul overwrite reading fp16 rows
+    // takes), feeds and extracts every output, checking return codes, and returns outputs in
     // spec order, shapes fitted to the spec rank (unit axes only) and checked.
     std::vector<Tensor> run(const std::vector<ncnn::Mat>& inputs);
     // run() for each call, outputs in call order: up to split().workers calls at once, each on
@@ -235,6 +236,10 @@ private:
     std::string name_;
     std::vector<TensorSpec> inputs_;
     std::vector<TensorSpec> outputs_;
+    // Inputs that may be fp16 cache rows (kv_cache.h KvRows::Fp16): each feeds only the B operand
+    // of a MatMul, and ncnnport's decode MatMul, which reads 2-byte rows, is registered on this
+    // net (matmul_active, matmul_fp16_cache_supported). Any other 2-byte input would be misread.
+    mutable std::vector<std::string> fp16_cache_inputs_;
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;
     mutable bool gemv_ = false;

@@ -30,6 +30,8 @@ struct CpuPrecision {
     std::string mode;  // Precision.mode: the policy mode that judges a run in this precision
     // Precision.flags (runtime/precision.py PRECISION_FIELDS); every other ncnn flag stays fp32's
     bool fp16_storage = false, fp16_packed = false, fp16_arithmetic = false, bf16_storage = false;
+    // Precision.fp16_kv_cache: a decoder's K/V rows rounded to fp16 (kv_cache.h KvRows)
+    bool fp16_kv_cache = false;
 
     // The flags part of RuntimeOptions.label: "fp32", or the set flags joined by "+".
     std::string label() const;
@@ -49,7 +51,12 @@ std::string cpu_precision_names();
 // not run, and for a reduced precision with `vulkan` (the executables exit 2 on it).
 const CpuPrecision& checked_precision(const std::string& name, bool vulkan);
 
-// `ncnnport-cpp precisions`: {"accepted": [{name, mode, flags}], "refused": {name: why}}.
+// Whether a run of `precision` over a package whose model.json says `package_precision` keeps
+// K/V rows in fp16: the precision's fp16_kv_cache, or an int8-weights package (whose runs are
+// Python's int8-weights precision), and never on Vulkan (runtime/precision.py Precision.options).
+bool fp16_kv_rows(const CpuPrecision& precision, const std::string& package_precision, bool vulkan);
+
+// `ncnnport-cpp precisions`: {"accepted": [{name, mode, flags, fp16_kv_cache}], "refused": {name: why}}.
 nlohmann::json precisions_table_json();
 
 }  // namespace ncnnport
