@@ -1,8 +1,10 @@
 #include "ncnnport/kv_cache.h"
 
+#include "ncnnport/fp16.h"
 #include "ncnnport/huge_page_allocator.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -49,21 +51,21 @@ void KvCache::write_one(ncnn::Mat& dst, const Tensor& t, const char* what, int l
             std::memcpy(dst.channel(h).row(length_), t.data.data() + h * n, n * sizeof(float));
         return;
     }
-    // round to nearest even (the conversion of _Float16, IEEE's, subnormals kept: numpy's astype),
-    // checked for overflow before anything is written
-    std::vector<_Float16> half(t.data.size());
+    // round to nearest even (fp16.h: numpy's astype(float16)), checked for overflow before
+    // anything is written
+    std::vector<uint16_t> half(t.data.size());
     for (size_t i = 0; i < half.size(); ++i) {
-        half[i] = static_cast<_Float16>(t.data[i]);
-        if (!std::isfinite(static_cast<float>(half[i])))
+        half[i] = fp16_bits(t.data[i]);
+        if ((half[i] & 0x7c00u) == 0x7c00u)
             throw GraphError(where + ": a value rounds past fp16's largest (65504): run with an fp32 cache (--precision fp32)");
     }
     for (int h = 0; h < heads_; ++h) {
-        const _Float16* src = half.data() + h * n;
+        const uint16_t* src = half.data() + h * n;
         if (rows_ == KvRows::Fp16) {
-            std::memcpy(dst.channel(h).row<unsigned short>(length_), src, n * sizeof(_Float16));
+            std::memcpy(dst.channel(h).row<unsigned short>(length_), src, n * sizeof(uint16_t));
         } else {
             float* out = dst.channel(h).row(length_);
-            for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(src[i]);
+            for (size_t i = 0; i < n; ++i) out[i] = fp16_value(src[i]);
         }
     }
 }

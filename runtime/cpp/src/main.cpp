@@ -16,19 +16,25 @@
 //                                              and the runtime/precision.py names it refuses (JSON)
 //   ncnnport-cpp gates POLICY.json MODE MODULE  the module's per-output gates in a precision mode
 //                                              (JSON; what verify judges by on --vulkan)
+//   ncnnport-cpp fp16-bits IN OUT              raw float32 values of IN as the fp16 bits the K/V
+//                                              cache stores (fp16.h; uint16 little-endian to OUT)
 //
 // Exit codes: 0 ok, 1 check found problems, a golden row failed or input was refused, 2 usage
 // or (verify) a package that cannot be judged.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "ncnnport/bpe_tokenizer.h"
 #include "ncnnport/concurrent_calls.h"
+#include "ncnnport/fp16.h"
 #ifdef NCNNPORT_WITH_NCNN
 #include "ncnnport/golden_verify.h"
 #endif
@@ -51,7 +57,8 @@ int usage() {
                  "       ncnnport-cpp verify PACKAGE [--threads N] [--vulkan] [--ncnn-gemv | --gemv-kernel] [--precision NAME]\n"
                  "       ncnnport-cpp gates POLICY.json MODE MODULE\n"
                  "       ncnnport-cpp splits MAX_THREADS MAX_CALLS\n"
-                 "       ncnnport-cpp precisions\n";
+                 "       ncnnport-cpp precisions\n"
+                 "       ncnnport-cpp fp16-bits IN OUT\n";
     return 2;
 }
 
@@ -205,6 +212,25 @@ int cmd_splits(const std::string& max_threads, const std::string& max_calls) {
     return 0;
 }
 
+// The float32 values of file `in` as fp16 bits (fp16.h) in file `out`: the K/V cache's rounding,
+// exposed so a test can hold it against numpy's astype(float16) bit for bit.
+int cmd_fp16_bits(const std::string& in, const std::string& out) {
+    std::ifstream f(in, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f.good() && !f.eof()) throw std::runtime_error("cannot read " + in);
+    if (bytes.size() % sizeof(float)) throw std::runtime_error(in + ": not a whole number of float32 values");
+    std::vector<uint16_t> bits(bytes.size() / sizeof(float));
+    for (size_t i = 0; i < bits.size(); ++i) {
+        float v;
+        std::memcpy(&v, bytes.data() + i * sizeof(float), sizeof v);
+        bits[i] = ncnnport::fp16_bits(v);
+    }
+    std::ofstream o(out, std::ios::binary);
+    o.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * sizeof(uint16_t)));
+    if (!o) throw std::runtime_error("cannot write " + out);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,6 +242,7 @@ int main(int argc, char** argv) {
         if (args.size() == 1 && args[0] == "version") return cmd_version();
         if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
         if (args.size() == 3 && args[0] == "splits") return cmd_splits(args[1], args[2]);
+        if (args.size() == 3 && args[0] == "fp16-bits") return cmd_fp16_bits(args[1], args[2]);
         if (args.size() == 1 && args[0] == "precisions") {
             std::cout << ncnnport::precisions_table_json().dump() << "\n";
             return 0;

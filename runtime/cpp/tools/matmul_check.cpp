@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "interleaved_timing.h"
+#include "ncnnport/fp16.h"
 #include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/ncnn_graph.h"
 #include "ncnnport/matmul_layer.h"
@@ -119,10 +120,10 @@ ncnn::Mat round_to_fp16(ncnn::Mat& B, ncnn::Allocator* allocator) {
     ncnn::Mat half(B.w, B.h, B.c, 2u, allocator);
     for (int p = 0; p < B.c; ++p) {
         float* row = B.channel(p);
-        auto* bits = static_cast<_Float16*>(half.channel(p).data);
+        auto* bits = static_cast<uint16_t*>(half.channel(p).data);
         for (int i = 0; i < B.w * B.h; ++i) {
-            bits[i] = static_cast<_Float16>(row[i]);
-            row[i] = static_cast<float>(bits[i]);
+            bits[i] = ncnnport::fp16_bits(row[i]);
+            row[i] = ncnnport::fp16_value(bits[i]);
         }
     }
     return half;
