@@ -125,6 +125,30 @@ def test_fp16_cache_rows_run_the_stream_kernels_within_the_summation_bound(check
     assert_kernel_within_bound(out, shape, trans_b)
 
 
+def matmul_label() -> str:
+    """The MatMul a run names on this CPU (matmul_layer_label): the weighted sums' 16-lane copy
+    where it has AVX-512F."""
+    return "ncnnport-avx512" if "avx512f" in cpu_flags() else "ncnnport-avx2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["fp32", "fp16"])
+@pytest.mark.parametrize("trans_b", [1, 0])
+def test_stream_kernels_give_the_same_bits_in_either_register_width(check, trans_b, cache, tmp_path):
+    """The weighted sums' 16-lane copy keeps each output the AVX2 copy's fused chain, so both give
+    the same bits over every shape (J through whole 128-wide tiles, narrower ones and the scalar
+    rest; weight rows in pairs and a last one); each names the copy that ran. On a CPU without
+    AVX-512F both runs are the AVX2 copy."""
+    fp16 = ["--fp16-cache"] if cache == "fp16" else []
+    for shape in SHAPES:
+        runs = {isa: run_check(check, *shape, "--trans-b", str(trans_b), "--seed", "11", *fp16, *extra,
+                               "--dump", str(tmp_path / f"{isa}.bin"))
+                for isa, extra in {"default": [], "avx2": ["--avx2"]}.items()}
+        assert runs["default"]["isa"] == matmul_label() and runs["avx2"]["isa"] == "ncnnport-avx2", runs
+        assert all(r["kernel_calls"] == 1 for r in runs.values()), runs
+        assert (tmp_path / "default.bin").read_bytes() == (tmp_path / "avx2.bin").read_bytes(), (shape, trans_b, cache)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trans_b", [1, 0])
 def test_fp16_cache_rows_past_the_stream_kernels_are_widened_for_the_builtin(check, trans_b):
@@ -169,7 +193,7 @@ def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(bu
     assert mine["matmul_many_rows"] is (mine["matmul"] != "ncnn" and "avx512f" in cpu_flags())
     if mine["matmul"] == "ncnn":
         pytest.skip("this CPU lacks AVX2 / FMA: the MatMul overwrite is not registered")
-    assert mine["matmul"] == "ncnnport-avx2"
+    assert mine["matmul"] == matmul_label()
     # every decode step runs two attention products (scores, weighted values) per layer
     assert mine["matmul_calls"] >= 2 * mine["decode_steps"] > 0
     # the per-graph seconds split the decode: the head and every decode layer ran and were timed

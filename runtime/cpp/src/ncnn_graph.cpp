@@ -211,7 +211,7 @@ nlohmann::json int8_gemv_prefetch_json() { return prefetch_json(int8_gemv_prefet
 nlohmann::json gemv_json(const GraphOptions& options) {
     return {{"gemv", gemv_layer_label(gemv_active(options))}, {"gemv_calls", gemv_layer_calls()},
             {"gemv_ncnn_avx512", gemv_builtin_avx512()},
-            {"matmul", matmul_active(options) ? "ncnnport-avx2" : "ncnn"}, {"matmul_calls", matmul_layer_calls()},
+            {"matmul", matmul_layer_label(matmul_active(options))}, {"matmul_calls", matmul_layer_calls()},
             // whether products of more than kStreamMaxRows rows (MLA's 32) run the AVX-512 kernels
             {"matmul_many_rows", matmul_active(options) && matmul_many_rows_supported()},
             {"memory_data_shares", memory_data_shares()},

@@ -2,7 +2,7 @@
 // MatMul on one random batched product, both ways (transB 1: scores q K^T, transB 0: weights V).
 //
 //   ncnnport-matmul-check --heads H --m M --k K --n N [--trans-b 0|1] [--threads T] [--seed S]
-//                         [--rounds R] [--cold] [--dump PATH] [--fp16-cache]
+//                         [--rounds R] [--cold] [--dump PATH] [--fp16-cache] [--avx2]
 //
 // Why: the overwrite must compute what the built-in computes up to fp32 summation order, and the
 // tests must see that its kernel ran rather than the built-in it delegates to. Both nets load the
@@ -31,6 +31,8 @@
 // reference gets the same values as floats. The stream kernels widen on load (exact), so the
 // bound above holds unchanged; past their rows the overwrite widens B for the built-in, which then
 // gives the reference's bits ("fp16_cache" in the JSON).
+// --avx2 limits the stream kernels to their 8-lane copies on an AVX-512 CPU
+// (matmul_layer_limit_to_avx2); "isa" names the copy that ran ("ncnnport-avx512" / "-avx2").
 // --dump PATH writes the overwrite's output (fp32, [heads, m, n]) there, so runs can be compared
 // bit for bit (e.g. at two thread counts). Exit 0
 // after printing (the test judges), 2 on bad arguments or an ncnn error.
@@ -59,7 +61,7 @@ namespace {
 struct Args {
     int heads = 0, m = 0, k = 0, n = 0, trans_b = 1, threads = 1, rounds = 0;
     unsigned seed = 0;
-    bool cold = false, fp16_cache = false;
+    bool cold = false, fp16_cache = false, avx2 = false;
     std::string dump;
 };
 
@@ -81,6 +83,7 @@ Args parse(int argc, char** argv) {
         else if (f == "--seed") a.seed = static_cast<unsigned>(value());
         else if (f == "--cold") a.cold = true;
         else if (f == "--fp16-cache") a.fp16_cache = true;
+        else if (f == "--avx2") a.avx2 = true;
         else if (f == "--dump") {
             if (i + 1 >= argc) throw std::invalid_argument(f + " needs a value");
             a.dump = argv[++i];
@@ -143,6 +146,7 @@ ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A, const ncnn::Mat& B) {
 int main(int argc, char** argv) {
     try {
         const Args a = parse(argc, argv);
+        ncnnport::matmul_layer_limit_to_avx2(a.avx2);
         std::mt19937 rng(a.seed);
         const ncnn::Mat A = random_mat(a.k, a.m, a.heads, rng);
         ncnn::Allocator* cache = ncnnport::huge_page_allocator();
@@ -183,6 +187,7 @@ int main(int argc, char** argv) {
                 }
         }
         nlohmann::json out = {{"registered", ncnnport::matmul_layer_supported()},
+                              {"isa", ncnnport::matmul_layer_label(ncnnport::matmul_layer_supported())},
                               {"many_rows", ncnnport::matmul_many_rows_supported()}, {"heads", a.heads}, {"m", a.m}, {"k", a.k}, {"n", a.n}, {"trans_b", a.trans_b},
                               {"threads", a.threads}, {"out_shape", {want.c, want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},

@@ -32,6 +32,19 @@ bool matmul_fp16_cache_supported();
 // True where the many-row kernels run (M > kStreamMaxRows): matmul_layer_supported() and AVX-512F.
 bool matmul_many_rows_supported();
 
+// True where the few-row weighted sums run their 16-lane copy: AVX-512F, unless limited by
+// matmul_layer_limit_to_avx2. Both copies give the same bits.
+bool matmul_stream_avx512();
+
+// Limits the few-row weighted sums to their 8-lane AVX2 copy on an AVX-512 CPU
+// (ncnnport-matmul-check --avx2, so the tests hold both copies' bits equal on one machine); false
+// lifts the limit.
+void matmul_layer_limit_to_avx2(bool limit);
+
+// What a run reports for its MatMul: "ncnn" when the overwrite is not registered, else
+// "ncnnport-avx512" or "ncnnport-avx2" (the few-row weighted sums' copy).
+const char* matmul_layer_label(bool registered);
+
 // Registers the overwrite of "MatMul" on `net`; call before net.load_param. False (nothing
 // registered) where matmul_layer_supported() is false.
 bool register_matmul_layer(ncnn::Net& net);
