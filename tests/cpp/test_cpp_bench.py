@@ -541,6 +541,46 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
     assert cpp_bench.report_stem(report) == "fake-bench-fp16-storage" and report["passed"]
 
 
+def _fake_probe(folder: Path, body: str) -> None:
+    """A stand-in ``ncnnport-cpp`` beside the stand-in executable: its read-bandwidth prints ``body``."""
+    probe = folder / "ncnnport-cpp"
+    probe.write_text(f"#!{sys.executable}\nimport sys\n{body}\n")
+    probe.chmod(probe.stat().st_mode | stat.S_IXUSR)
+
+
+def test_the_bound_takes_the_fastest_read_the_cpp_probe_included(fake_models, tmp_path, monkeypatch):
+    """bench_bandwidth: the Python reductions and the C++ probe's plain and prefetching reads; the
+    bound is the fastest (here the prefetching one), named in the JSON and the table; the probe
+    runs at the bench's thread count."""
+    port = fake_models["fake-bench"]
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 20.0, "copy_gbps": 40.0, "read_gbps": 20.0})
+    monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32": {"weights": 1_000_000_000},
+                        raising=False)
+    _fake_probe(tmp_path / "cpp", "assert sys.argv[1:] == ['read-bandwidth', '--threads', '1'], sys.argv\n"
+                                  "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0}')")
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
+    assert report["bandwidth"]["read_gbps"] == 25.0 and report["bandwidth"]["read_by"] == "cpp_stream_prefetch"
+    assert report["bandwidth"]["cpp_stream_gbps"] == 18.0 and report["bandwidth"]["numpy_dot_gbps"] == 20.0
+    (row,) = report["rows"]
+    assert row["bound"]["read_gbps"] == 25.0 and row["bound"]["bound_ms"] == pytest.approx(40.0)
+    assert ("25.0 GB/s read bandwidth (measured in this run, 1 thread(s), fastest: cpp_stream_prefetch)"
+            in cpp_bench.markdown(report, "machine: x"))
+    # a Python reduction faster than the probe still sets it
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 30.0, "read_gbps": 30.0})
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
+    assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (30.0, "numpy_dot")
+
+
+def test_a_probe_that_gives_no_reading_stops_the_bench(fake_models, tmp_path, monkeypatch):
+    port = fake_models["fake-bench"]
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32": {"weights": 1_000_000_000},
+                        raising=False)
+    _fake_probe(tmp_path / "cpp", "print('cannot map the buffer', file=sys.stderr); sys.exit(1)")
+    with pytest.raises(cpp_bench.BenchError, match="read-bandwidth gave no reading: cannot map the buffer"):
+        cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
+
+
 def test_a_result_that_ran_another_precision_is_refused(fake_models, tmp_path):
     """The executable's JSON must say it ran the precision asked for (a build without the option
     would run fp32 and be timed as fp16)."""

@@ -18,6 +18,10 @@
 //                                              (JSON; what verify judges by on --vulkan)
 //   ncnnport-cpp fp16-bits IN OUT              raw float32 values of IN as the fp16 bits the K/V
 //                                              cache stores (fp16.h; uint16 little-endian to OUT)
+//   ncnnport-cpp read-bandwidth [--mib N] [--runs R] [--threads T]
+//                                              the read bandwidth of a vector sum over N MiB (256),
+//                                              plain and with the kernels' software prefetch,
+//                                              median of R (7) alternating runs (read_probe.h; JSON)
 //
 // Exit codes: 0 ok, 1 check found problems, a golden row failed or input was refused, 2 usage
 // or (verify) a package that cannot be judged.
@@ -42,6 +46,9 @@
 #include "ncnnport/model_json.h"
 #include "ncnnport/policy.h"
 #include "ncnnport/precision.h"
+#ifdef NCNNPORT_WITH_NCNN
+#include "ncnnport/read_probe.h"
+#endif
 #include "ncnnport/sha256.h"
 
 #ifdef NCNNPORT_WITH_NCNN
@@ -58,7 +65,8 @@ int usage() {
                  "       ncnnport-cpp gates POLICY.json MODE MODULE\n"
                  "       ncnnport-cpp splits MAX_THREADS MAX_CALLS\n"
                  "       ncnnport-cpp precisions\n"
-                 "       ncnnport-cpp fp16-bits IN OUT\n";
+                 "       ncnnport-cpp fp16-bits IN OUT\n"
+                 "       ncnnport-cpp read-bandwidth [--mib N] [--runs R] [--threads T]\n";
     return 2;
 }
 
@@ -233,6 +241,32 @@ int cmd_fp16_bits(const std::string& in, const std::string& out) {
 
 }  // namespace
 
+// `read-bandwidth`: read_probe.h's measurement as one JSON object on stdout.
+int cmd_read_bandwidth(const std::vector<std::string>& args) {
+#ifdef NCNNPORT_WITH_NCNN
+    int mib = 256, runs = 7, threads = 1;
+    for (size_t i = 1; i < args.size(); ++i) {
+        int* target = args[i] == "--mib" ? &mib : args[i] == "--runs" ? &runs : args[i] == "--threads" ? &threads : nullptr;
+        if (!target || i + 1 >= args.size()) return usage();
+        size_t used = 0;
+        try {
+            *target = std::stoi(args[++i], &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != args[i].size() || *target < 1 || *target > (target == &mib ? 65536 : 4096)) return usage();
+    }
+    const ncnnport::ReadProbe probe = ncnnport::measure_read_bandwidth(static_cast<size_t>(mib) << 20, runs, threads);
+    std::cout << nlohmann::json{{"plain_gbps", probe.plain_gbps}, {"prefetch_gbps", probe.prefetch_gbps},
+                                {"isa", probe.isa}, {"mib", mib}, {"runs", runs}, {"threads", threads}}.dump() << "\n";
+    return 0;
+#else
+    (void)args;
+    std::cerr << "built without ncnn\n";
+    return 2;
+#endif
+}
+
 int main(int argc, char** argv) {
     const std::vector<std::string> args(argv + 1, argv + argc);
     try {
@@ -243,6 +277,7 @@ int main(int argc, char** argv) {
         if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
         if (args.size() == 3 && args[0] == "splits") return cmd_splits(args[1], args[2]);
         if (args.size() == 3 && args[0] == "fp16-bits") return cmd_fp16_bits(args[1], args[2]);
+        if (!args.empty() && args[0] == "read-bandwidth") return cmd_read_bandwidth(args);
         if (args.size() == 1 && args[0] == "precisions") {
             std::cout << ncnnport::precisions_table_json().dump() << "\n";
             return 0;

@@ -1,0 +1,30 @@
+// The memory read bandwidth a stream reaches on this machine, read by the kernels' own means: a
+// vector sum over a buffer far larger than any cache, plain and with the one-row kernels'
+// software prefetch (gemv_prefetch.h: 8 KB ahead into L2, 1 KB into L1).
+//
+// Why: bench-cpp's bound is the token's weight bytes over the fastest read measured in the run.
+// Its Python reductions (numpy, torch) never prefetch in software, and on the device's Intel Xeon
+// the fp16 one-row kernel, prefetching, read its weights at 14.3-16.5 GB/s while the fastest of
+// them read 13.8: the C++ token then read 103 % of a bound, which is what a bound must never be
+// (a runtime can only exceed a bound that was measured too low). The bench now also runs this
+// probe (`ncnnport-cpp read-bandwidth`) at the run's thread count and takes the fastest of all.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ncnnport {
+
+struct ReadProbe {
+    double plain_gbps = 0.0;     // median over the runs, 1e9 bytes per second
+    double prefetch_gbps = 0.0;  // the same with the kernels' software prefetch
+    std::string isa;             // "avx512", "avx2" or "scalar": the sum's registers
+};
+
+// `bytes` (rounded down to whole 64-byte lines, at least one) read `runs` times by each variant,
+// alternating, on `threads` threads (OpenMP, one contiguous part each), after one untimed pass
+// of each; the buffer is 2 MiB-aligned and advised for huge pages, as the kernels' weights are
+// (kernel_weight_allocator.h). Throws std::bad_alloc when the buffer cannot be had.
+ReadProbe measure_read_bandwidth(size_t bytes, int runs, int threads);
+
+}  // namespace ncnnport

@@ -1,0 +1,163 @@
+#include "ncnnport/read_probe.h"
+
+#include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/stats.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+// GCC 12's AVX-512 headers build several intrinsics on _mm512_undefined_*(), which its
+// -Wmaybe-uninitialized / -Wuninitialized flag once inlined (GCC bug 105593): silenced for this
+// file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define NCNNPORT_PROBE_X86 1
+#else
+#define NCNNPORT_PROBE_X86 0
+#endif
+
+namespace ncnnport {
+
+namespace {
+
+constexpr size_t kLine = 64;
+constexpr size_t kAlign = 2u << 20;
+
+#if NCNNPORT_PROBE_X86
+// Sum of the floats of [p, p + bytes), four 64-byte lines per step (bytes: whole lines): four
+// independent accumulators, so the adds never wait on each other and the loads set the pace.
+template <bool Prefetch>
+__attribute__((target("avx512f"))) float sum_avx512(const char* p, size_t bytes) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 4 * kLine <= bytes; i += 4 * kLine) {
+        if (Prefetch) prefetch_stream_step(p + i, 4 * kLine);
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(reinterpret_cast<const float*>(p + i)));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(reinterpret_cast<const float*>(p + i + kLine)));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(reinterpret_cast<const float*>(p + i + 2 * kLine)));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(reinterpret_cast<const float*>(p + i + 3 * kLine)));
+    }
+    for (; i < bytes; i += kLine) a0 = _mm512_add_ps(a0, _mm512_load_ps(reinterpret_cast<const float*>(p + i)));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+template <bool Prefetch>
+__attribute__((target("avx2"))) float sum_avx2(const char* p, size_t bytes) {
+    __m256 a[8];
+    for (auto& v : a) v = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 4 * kLine <= bytes; i += 4 * kLine) {
+        if (Prefetch) prefetch_stream_step(p + i, 4 * kLine);
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_add_ps(a[j], _mm256_load_ps(reinterpret_cast<const float*>(p + i + 32 * j)));
+    }
+    for (; i < bytes; i += 32) a[0] = _mm256_add_ps(a[0], _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
+    alignas(32) float lanes[8];
+    for (int j = 1; j < 8; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
+    _mm256_store_ps(lanes, a[0]);
+    float s = 0.f;
+    for (float v : lanes) s += v;
+    return s;
+}
+#endif
+
+template <bool Prefetch>
+float sum_scalar(const char* p, size_t bytes) {
+    const auto* f = reinterpret_cast<const float*>(p);
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    for (size_t i = 0; i + 4 <= bytes / sizeof(float); i += 4) {
+        s0 += f[i];
+        s1 += f[i + 1];
+        s2 += f[i + 2];
+        s3 += f[i + 3];
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+enum class Isa { Avx512, Avx2, Scalar };
+
+Isa best_isa() {
+#if NCNNPORT_PROBE_X86
+    if (__builtin_cpu_supports("avx512f")) return Isa::Avx512;
+    if (__builtin_cpu_supports("avx2")) return Isa::Avx2;
+#endif
+    return Isa::Scalar;
+}
+
+template <bool Prefetch>
+float sum_part(Isa isa, const char* p, size_t bytes) {
+#if NCNNPORT_PROBE_X86
+    if (isa == Isa::Avx512) return sum_avx512<Prefetch>(p, bytes);
+    if (isa == Isa::Avx2) return sum_avx2<Prefetch>(p, bytes);
+#endif
+    (void)isa;
+    return sum_scalar<Prefetch>(p, bytes);
+}
+
+// One pass over the buffer on `threads` threads; seconds. `sink` keeps the sums observable.
+template <bool Prefetch>
+double timed_pass(Isa isa, const char* p, size_t bytes, int threads, volatile float& sink) {
+    const size_t lines = bytes / kLine;
+    float total = 0.f;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total) if (threads > 1)
+    for (int t = 0; t < threads; ++t) {
+        const size_t l0 = lines * t / threads, l1 = lines * (t + 1) / threads;
+        total += sum_part<Prefetch>(isa, p + l0 * kLine, (l1 - l0) * kLine);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    return s;
+}
+
+struct Buffer {
+    char* data = nullptr;
+    ~Buffer() { std::free(data); }
+};
+
+}  // namespace
+
+ReadProbe measure_read_bandwidth(size_t bytes, int runs, int threads) {
+    bytes = std::max(kLine, bytes / kLine * kLine);
+    runs = std::max(1, runs);
+    threads = std::max(1, threads);
+    Buffer buf;
+    const size_t alloc = (bytes + kAlign - 1) / kAlign * kAlign;
+    buf.data = static_cast<char*>(std::aligned_alloc(kAlign, alloc));
+    if (!buf.data) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(buf.data, alloc, MADV_HUGEPAGE);  // best effort, as the weight arena asks
+#endif
+    // every page written: no first-touch faults in the timing
+    std::fill(reinterpret_cast<float*>(buf.data), reinterpret_cast<float*>(buf.data + alloc), 1.f);
+    const Isa isa = best_isa();
+    volatile float sink = 0.f;
+    timed_pass<false>(isa, buf.data, bytes, threads, sink);
+    timed_pass<true>(isa, buf.data, bytes, threads, sink);
+    std::vector<double> plain, prefetch;
+    for (int r = 0; r < runs; ++r) {
+        // alternate which goes first, so a drift in the machine's load hits both alike
+        if (r % 2 == 0) {
+            plain.push_back(bytes / timed_pass<false>(isa, buf.data, bytes, threads, sink) / 1e9);
+            prefetch.push_back(bytes / timed_pass<true>(isa, buf.data, bytes, threads, sink) / 1e9);
+        } else {
+            prefetch.push_back(bytes / timed_pass<true>(isa, buf.data, bytes, threads, sink) / 1e9);
+            plain.push_back(bytes / timed_pass<false>(isa, buf.data, bytes, threads, sink) / 1e9);
+        }
+    }
+    ReadProbe out;
+    out.plain_gbps = median(plain);
+    out.prefetch_gbps = median(prefetch);
+    out.isa = isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "scalar";
+    return out;
+}
+
+}  // namespace ncnnport
