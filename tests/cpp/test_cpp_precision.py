@@ -271,6 +271,34 @@ def test_qwen3_asr_run_records_its_precision_and_equals_the_python_loop(build_di
 
 
 @pytest.mark.slow
+def test_qwen3_asr_bf16_over_an_int8_package_keeps_its_fp16_rows_in_four_bytes(build_dir, tmp_path):
+    """An int8-weights package's rows are fp16 under any CPU precision, but under bf16 storage ncnn
+    casts every 16-bit blob entering its MatMul (no bf16 path on x86) from bf16 to fp32, so fp16
+    bits would be misread: the rows stay fp16 values in 4 bytes there (fp16_cache_inputs_active),
+    and the run equals the one whose built-in MatMul reads floats (--ncnn-matmul). With 2-byte
+    rows the real-L4 package parted from it at token 1."""
+    import soundfile as sf
+
+    from ncnnport.models.qwen3_asr.fixtures import synth_speechlike
+    from tests.cpp.packages import tiny_precision_package
+
+    pkg = tiny_precision_package("qwen3-asr", "int8-weights")
+    audio = tmp_path / "a.wav"
+    sf.write(str(audio), synth_speechlike(3.0, seed=5), 16000, subtype="FLOAT")
+    runs = {}
+    for name, extra in {"ours": [], "builtin": ["--ncnn-matmul"]}.items():
+        out = tmp_path / f"{name}.json"
+        res = run(build_dir / "ncnnport-qwen3-asr", "--package", pkg, "--audio", audio, "--max-new-tokens", "24",
+                  "--precision", "bf16", "--json-out", out, *extra)
+        assert res.returncode == 0, res.stderr
+        runs[name] = json.loads(out.read_text())
+    timing = runs["ours"]["timing"]
+    assert timing["precision"] == "bf16" and timing["kv_cache_rows"] == "fp16"
+    assert timing["kv_cache_value_bytes"] == 4, timing
+    assert [c["token_ids"] for c in runs["ours"]["chunks"]] == [c["token_ids"] for c in runs["builtin"]["chunks"]]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16-storage"])
 def test_youtu_vl_run_records_its_precision_and_equals_the_python_loop(build_dir, package, precision, tmp_path):
     """Under fp16 storage the one-token steps run the layers' and head's ``decode`` variants, as

@@ -185,6 +185,11 @@ bool matmul_active(const GraphOptions& options) {
     return !options.vulkan && options.matmul_kernel && matmul_layer_supported();
 }
 
+bool fp16_cache_inputs_active(const GraphOptions& options) {
+    return matmul_active(options) && matmul_fp16_cache_supported()
+           && !checked_precision(options.precision, options.vulkan).bf16_storage;
+}
+
 bool int8_gemv_active(const GraphOptions& options) {
     return !options.vulkan && options.int8_kernel && int8_gemv_layer_supported();
 }
@@ -277,7 +282,7 @@ void Graph::load() const {
         if (!listed) throw PackageError(param.string() + ": no input blob '" + t.name + "' (named by the spec)");
     }
     fp16_cache_inputs_.clear();
-    if (matmul_active(options_) && matmul_fp16_cache_supported()) {
+    if (fp16_cache_inputs_active(options_)) {
         const auto& blobs = net_->blobs();
         const auto& layers = net_->layers();
         for (size_t i = 0; i < blobs.size(); ++i) {

@@ -8,7 +8,6 @@
 
 #include "ncnnport/greedy.h"
 #include "ncnnport/kv_cache.h"
-#include "ncnnport/matmul_layer.h"
 #include "ncnnport/precision.h"
 
 namespace qwen3_asr {
@@ -116,8 +115,7 @@ Asr::Asr(const std::filesystem::path& package, const ncnnport::GraphOptions& opt
         std::cerr << "ncnnport-qwen3-asr: the package has no gpu decode variant (decode_layer0.gpu.ncnn.param): "
                      "the KV cache stays on the host\n";
     if (ncnnport::fp16_kv_rows(ncnnport::checked_precision(options.precision, options.vulkan), info_.precision, options.vulkan))
-        kv_rows_ = ncnnport::matmul_active(options) && ncnnport::matmul_fp16_cache_supported() ? ncnnport::KvRows::Fp16
-                                                                                                : ncnnport::KvRows::Fp16Values;
+        kv_rows_ = ncnnport::fp16_cache_inputs_active(options) ? ncnnport::KvRows::Fp16 : ncnnport::KvRows::Fp16Values;
     for (int i = 0; kv_on_gpu_ && i < info_.layers; ++i) {
         const std::string n = "decode_layer" + std::to_string(i);
         graphs_[n + ".gpu"] = std::make_unique<ncnnport::Graph>(package, n, options, "gpu");

@@ -9,8 +9,9 @@
 //
 // Rows (KvRows): float32; or rounded to fp16 on write (runtime/precision.py fp16_kv_cache, the
 // CPU runs of the reduced precisions) and kept either as floats (for a MatMul that reads only
-// floats: ncnn's built-in, --ncnn-matmul) or as 2-byte fp16 bits, which ncnnport's decode MatMul
-// widens on load (matmul_layer.h): half the bytes a step streams and holds. The numbers are the
+// floats: ncnn's built-in, --ncnn-matmul; and under bf16 storage, where ncnn would read 16-bit
+// rows as bf16: ncnn_graph.h fp16_cache_inputs_active) or as 2-byte fp16 bits, which ncnnport's
+// decode MatMul widens on load (matmul_layer.h): half the bytes a step streams and holds. The numbers are the
 // same either way, and the same as the Python loop's (preallocated_cache.py fp16_rows).
 #pragma once
 

@@ -69,6 +69,14 @@ bool register_gemv_for(ncnn::Net& net, const GraphOptions& options);
 // True when graphs opened with `options` get the MatMul overwrite: a CPU net, a CPU that runs the
 // kernel, and options.matmul_kernel.
 bool matmul_active(const GraphOptions& options);
+// True when graphs opened with `options` may take fp16 K/V rows as 2-byte inputs
+// (kv_cache.h KvRows::Fp16): matmul_active, a CPU with F16C (matmul_fp16_cache_supported), and a
+// precision without bf16 storage. Why the last: under bf16 storage ncnn's convert_layout casts
+// every 16-bit blob entering a layer without bf16 support (x86 MatMul has none) from bf16 to
+// fp32, so fp16 bits would be read as bf16, silently (a bf16 run over an int8-weights package,
+// whose rows are fp16, parted from the same run with 4-byte rows at token 1). There the rows are
+// kept as fp16 values in 4 bytes (KvRows::Fp16Values).
+bool fp16_cache_inputs_active(const GraphOptions& options);
 // True when graphs opened with `options` get the int8 Gemm overwrite: a CPU net, a CPU that runs
 // the kernel (AVX-512 VNNI), and options.int8_kernel.
 bool int8_gemv_active(const GraphOptions& options);
@@ -238,7 +246,7 @@ private:
     std::vector<TensorSpec> outputs_;
     // Inputs that may be fp16 cache rows (kv_cache.h KvRows::Fp16): each feeds only the B operand
     // of a MatMul, and ncnnport's decode MatMul, which reads 2-byte rows, is registered on this
-    // net (matmul_active, matmul_fp16_cache_supported). Any other 2-byte input would be misread.
+    // net (fp16_cache_inputs_active). Any other 2-byte input would be misread.
     mutable std::vector<std::string> fp16_cache_inputs_;
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;

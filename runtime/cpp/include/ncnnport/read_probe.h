@@ -1,6 +1,7 @@
 // The memory read bandwidth a stream reaches on this machine, read by the kernels' own means: a
 // vector sum over a buffer far larger than any cache, plain and with the one-row kernels'
-// software prefetch (gemv_prefetch.h: 8 KB ahead into L2, 1 KB into L1).
+// software prefetch (gemv_prefetch.h: 8 KB ahead into L2, 1 KB into L1). Off x86, where the
+// kernels do not prefetch in software, both reads are the plain sum.
 //
 // Why: bench-cpp's bound is the token's weight bytes over the fastest read measured in the run.
 // Its Python reductions (numpy, torch) never prefetch in software, and on the device's Intel Xeon
