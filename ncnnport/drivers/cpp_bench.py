@@ -329,7 +329,7 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
 
 def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None,
               precision: str = "fp32", fp32_weight_bytes: int | None = None,
-              kv_bytes_per_position: int | None = None) -> None:
+              kv_bytes_per_position: int | None = None, python_kv_bytes_per_position: int | None = None) -> None:
     """Each decode runtime's per-token ms as a percentage of the bandwidth bound
     (``torch_ratio.bound_row``, bench-perf's rule): the weights one token reads (layers, final
     norm, head) over the read bandwidth measured in the same run (``bench_bandwidth``: the fastest
@@ -339,8 +339,10 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
     against the fp32 bytes (``fp32_weight_bytes``, default the same), never against a bound it
     never had to meet. Nothing when the bytes or the bandwidth are unknown.
 
-    With ``kv_bytes_per_position`` (the fp32 K/V cache bytes of one position over every layer),
-    the ncnn loops are also reported against weights + the cache a step reads, at the mean cache
+    With ``kv_bytes_per_position`` (the K/V cache bytes of one position over every layer, at the
+    C++ cache's width under ``precision``; ``python_kv_bytes_per_position`` the Python loop's, whose
+    cache holds float32 rows under every precision: default the same), the ncnn loops are also
+    reported against weights + the cache a step reads, at the mean cache
     length of the decode steps (step t of new - 1 attends over prompt + t + 1 rows: mean prompt +
     new / 2), as bench-perf's "% incl. K/V": at long prompts the cache is bytes no kernel can skip,
     so the weights-only bound (the target's) is out of reach by that much. Reported, not judged."""
@@ -363,11 +365,12 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
     row["bound"]["cpp_met"] = row["cpp"]["pct_of_bound"] >= BOUND_TARGET
     if kv_bytes_per_position:
         mean_length = row["prompt_tokens"] + row["new_tokens"] / 2
-        with_kv = {**nbytes, "kv_cache": int(kv_bytes_per_position * mean_length)}
-        row["bound"]["kv_bytes"] = with_kv["kv_cache"]
+        per_position = {"cpp": kv_bytes_per_position, "python": python_kv_bytes_per_position or kv_bytes_per_position}
+        row["bound"]["kv_bytes"] = int(kv_bytes_per_position * mean_length)
         row["bound"]["mean_cache_length"] = mean_length
         for name in ("cpp", "python"):
             if name in median:
+                with_kv = {**nbytes, "kv_cache": int(per_position[name] * mean_length)}
                 row[name]["pct_of_bound_with_kv"] = bound_row(median[name], with_kv, read_gbps)["ncnn_pct_of_bound_with_kv"]
 
 
@@ -568,6 +571,8 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
     token_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", precision) or {}).get("weights")
     fp32_bytes = None if stage is None else (prep.port.bench_bytes(prep.loaded, stage, "1", "fp32") or {}).get("weights")
     kv_per_position = None if vulkan else kv_bytes_per_position(prep, precision)
+    # the Python loop's cache (runtime/preallocated_cache.py) keeps float32 rows, fp16-rounded or not
+    python_kv_per_position = None if vulkan else kv_bytes_per_position(prep, "fp32")
     released = release_reference(prep.loaded)
     bandwidth: dict[str, float] | None = None
     load_before = os.getloadavg()
@@ -585,7 +590,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             for row in rows:
                 if "per_token_ms" in row.get("cpp", {}):
                     add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"], precision, fp32_bytes,
-                              kv_per_position)
+                              kv_per_position, python_kv_per_position)
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
@@ -728,9 +733,9 @@ def markdown(report: Mapping[str, Any], heading: str) -> str:
     return "\n".join(lines)
 
 
-KV_NOTE = ("\"incl. K/V\": the bound with the K/V cache a decode step also reads (4 bytes per value, 2 under a "
-           "precision that keeps fp16 rows), at the mean cache length of the steps (prompt + new tokens / 2); "
-           "reported, not judged: the target is the weights' bound.")
+KV_NOTE = ("\"incl. K/V\": the bound with the K/V cache a decode step also reads (4 bytes per value; 2 in the C++ "
+           "loop under a precision that keeps fp16 rows, which the Python loop keeps as float32), at the mean cache "
+           "length of the steps (prompt + new tokens / 2); reported, not judged: the target is the weights' bound.")
 
 
 def bound_lines(report: Mapping[str, Any]) -> list[str]:

@@ -83,6 +83,19 @@ def test_bound_columns_judge_the_cpp_token_against_85_percent():
     assert "bound" not in unknown and cpp_bench.bound_lines({"rows": [unknown], "threads": 1}) == []
 
 
+def test_the_python_loops_kv_bound_counts_its_float32_rows():
+    """Under a precision with fp16 rows the C++ cache streams 2 bytes per value and the Python
+    cache, which keeps them as float32, 4: each loop's "incl. K/V" counts its own."""
+    ids = [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", ids, 0.30, 0.29)] * 3, "python": [run("python", ids, 0.45)] * 3}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_bound(row, 2_000_000_000, 20.0, "fp16-storage", kv_bytes_per_position=2_450_000,
+                        python_kv_bytes_per_position=4_900_000)
+    assert row["bound"]["kv_bytes"] == 249_900_000  # the C++ cache's
+    assert row["cpp"]["pct_of_bound_with_kv"] == pytest.approx(100 * (100 + 12.495) / 100.0)
+    assert row["python"]["pct_of_bound_with_kv"] == pytest.approx(100 * 124.99 / 150.0)
+
+
 def test_the_bound_with_the_kv_cache_is_reported_beside_the_weights_bound():
     """With the cache bytes per position, each ncnn loop is also reported against weights + the
     cache at the steps' mean length (prompt + new / 2); the verdict stays the weights' bound's."""
@@ -528,10 +541,12 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
                                  log=lambda _m: None, precision="fp16-storage")
     assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--precision", "fp16-storage"]] * 2
     # the ncnn loops' bytes under the precision, torch's fp32 bytes for its own bound, and the
-    # cache bytes one position adds under the precision (its K/V row width; lengths 2 and 1 differenced)
+    # cache bytes one position adds under the precision (the C++ rows' width; lengths 2 and 1
+    # differenced) and in fp32 (the Python loop's float32 rows)
     assert port.contexts[0].precision == "fp16-storage"
     assert asked == [("token", "1", "fp16-storage"), ("token", "1", "fp32"),
-                     ("token", "1", "fp16-storage"), ("token", "2", "fp16-storage")]
+                     ("token", "1", "fp16-storage"), ("token", "2", "fp16-storage"),
+                     ("token", "1", "fp32"), ("token", "2", "fp32")]
     (row,) = report["rows"]
     assert row["bound"]["token_weight_bytes"] == 1_000_000_000 and row["bound"]["inner_product_weight_bytes"] == 2
     assert row["bound"]["fp32_weight_bytes"] == 2_000_000_000
