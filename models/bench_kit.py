@@ -54,6 +54,9 @@ class DecodeRun:
     decode_steps: int
     decode_graph_s: float | None = None  # C++ only: time inside ncnn during the decode steps
     stopped_by_eos: bool = False
+    # C++ only: the bytes per value its K/V cache stored (timing.kv_cache_value_bytes: 2 for fp16
+    # rows, 4 for float32; None where the executable does not say)
+    kv_value_bytes: int | None = None
 
     @property
     def per_token_ms(self) -> float:

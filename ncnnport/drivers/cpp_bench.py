@@ -117,8 +117,10 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
         if len(chunks) != 1:
             raise BenchError(f"{exe}: {len(chunks)} chunks; the bench needs one (a shorter input)")
         c = chunks[0]
+        value_bytes = timing.get("kv_cache_value_bytes")
         return DecodeRun("cpp", int(c["prompt_tokens"]), [int(t) for t in c["token_ids"]], float(timing["decode_s"]),
-                         int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]))
+                         int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]),
+                         None if value_bytes is None else int(value_bytes))
     except (KeyError, TypeError, ValueError) as exc:
         raise BenchError(f"{exe}: result lacks chunks[0].token_ids/prompt_tokens or timing.decode_s/"
                          f"decode_steps/decode_graph_s ({exc})") from None
@@ -313,6 +315,10 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     overheads = [r.overhead for r in cpp]
     row["cpp"]["overhead"] = spread([o for o in overheads if o is not None])
     row["cpp"]["decode_graph_ms_per_token"] = spread([1e3 * r.decode_graph_s / r.decode_steps for r in cpp])
+    value_bytes = {r.kv_value_bytes for r in cpp if r.kv_value_bytes is not None}
+    if value_bytes:
+        # the widest a round stored: "incl. K/V" must not count fewer bytes than a round read
+        row["cpp"]["kv_cache_value_bytes"] = max(value_bytes)
     row["overhead_target"] = OVERHEAD_TARGET
     row["overhead_met"] = row["cpp"]["overhead"]["median"] <= OVERHEAD_TARGET
     mismatches = [(i, first_difference(c.token_ids, p.token_ids)) for i, (c, p) in enumerate(zip(cpp, py))]
@@ -340,8 +346,10 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
     never had to meet. Nothing when the bytes or the bandwidth are unknown.
 
     With ``kv_bytes_per_position`` (the K/V cache bytes of one position over every layer, at the
-    C++ cache's width under ``precision``; ``python_kv_bytes_per_position`` the Python loop's, whose
-    cache holds float32 rows under every precision: default the same), the ncnn loops are also
+    C++ cache's width under ``precision``, or, where the executable's JSON said what its cache
+    stored (``kv_cache_value_bytes``: fp16 rows fall back to 4 bytes without F16C, under bf16
+    storage and with ``--ncnn-matmul``), that width; ``python_kv_bytes_per_position`` the Python
+    loop's, whose cache holds float32 rows under every precision: default the same), the ncnn loops are also
     reported against weights + the cache a step reads, at the mean cache
     length of the decode steps (step t of new - 1 attends over prompt + t + 1 rows: mean prompt +
     new / 2), as bench-perf's "% incl. K/V": at long prompts the cache is bytes no kernel can skip,
@@ -366,6 +374,12 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
     if kv_bytes_per_position:
         mean_length = row["prompt_tokens"] + row["new_tokens"] / 2
         per_position = {"cpp": kv_bytes_per_position, "python": python_kv_bytes_per_position or kv_bytes_per_position}
+        stored = row["cpp"].get("kv_cache_value_bytes")
+        if stored and python_kv_bytes_per_position:
+            # the executable said what its cache stored (fp16 rows fall back to 4 bytes without
+            # F16C, under bf16 storage or --ncnn-matmul): count that, from the float32 rows' bytes
+            per_position["cpp"] = kv_bytes_per_position = python_kv_bytes_per_position * int(stored) // 4
+            row["bound"]["kv_bytes_from"] = "executable"
         row["bound"]["kv_bytes"] = int(kv_bytes_per_position * mean_length)
         row["bound"]["mean_cache_length"] = mean_length
         for name in ("cpp", "python"):

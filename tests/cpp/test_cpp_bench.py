@@ -96,6 +96,27 @@ def test_the_python_loops_kv_bound_counts_its_float32_rows():
     assert row["python"]["pct_of_bound_with_kv"] == pytest.approx(100 * 124.99 / 150.0)
 
 
+def test_the_cpp_kv_bound_counts_the_width_the_executable_stored():
+    """Where the executable's JSON says its cache stored 4-byte rows (no F16C, bf16 storage,
+    --ncnn-matmul) under a precision that asks for fp16 rows, "incl. K/V" counts 4 bytes, not the
+    2 the precision would give; 2 where it said 2."""
+    timing = {"decode_s": 0.3, "decode_steps": 3, "decode_graph_s": 0.29, "kv_cache_value_bytes": 4}
+    out = {"chunks": [{"prompt_tokens": 100, "token_ids": [5, 6, 7, 8], "stopped_by_eos": False}], "timing": timing}
+    assert cpp_bench.cpp_decode_run(out, "exe").kv_value_bytes == 4
+    assert cpp_bench.cpp_decode_run({**out, "timing": {k: v for k, v in timing.items() if k != "kv_cache_value_bytes"}},
+                                    "exe").kv_value_bytes is None
+    ids = [5, 6, 7, 8]
+    for stored, cpp_kv in ((4, 4_900_000), (2, 2_450_000)):
+        cpp = [DecodeRun("cpp", 100, ids, 0.30, 3, 0.29, False, stored)] * 3
+        row = cpp_bench.decode_row("P=100", {"cpp": cpp, "python": [run("python", ids, 0.45)] * 3}, new_tokens=4)
+        assert row["cpp"]["kv_cache_value_bytes"] == stored
+        cpp_bench.add_bound(row, 2_000_000_000, 20.0, "fp16-storage", kv_bytes_per_position=2_450_000,
+                            python_kv_bytes_per_position=4_900_000)
+        assert row["bound"]["kv_bytes"] == cpp_kv * 102 and row["bound"]["kv_bytes_from"] == "executable"
+        assert row["cpp"]["pct_of_bound_with_kv"] == pytest.approx(100 * (100 + cpp_kv * 102 / 20e6) / 100.0)
+        assert row["python"]["pct_of_bound_with_kv"] == pytest.approx(100 * 124.99 / 150.0)
+
+
 def test_the_bound_with_the_kv_cache_is_reported_beside_the_weights_bound():
     """With the cache bytes per position, each ncnn loop is also reported against weights + the
     cache at the steps' mean length (prompt + new / 2); the verdict stays the weights' bound's."""
