@@ -26,8 +26,10 @@ BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
 CHECK = BUILD / "ncnnport-gemv-check"
 
 # (N, K): N and K off every multiple of 4 / 8 / 16 / 64 ncnn or the kernel packs by, exact
-# multiples, fewer outputs than one block of 64, a last block of 8 and of 2, and a wide layer
-SHAPES = [(1, 1), (5, 3), (37, 63), (36, 70), (64, 64), (72, 129), (130, 333), (1000, 1001), (2048, 1024)]
+# multiples, fewer outputs than one block of 64, a last block of 8 and of 2, a wide layer, and an
+# output past output_store.h's 128 KiB (written with streaming stores, its last block of 48 too)
+SHAPES = [(1, 1), (5, 3), (37, 63), (36, 70), (64, 64), (72, 129), (130, 333), (1000, 1001), (2048, 1024),
+          (65584, 40)]
 WEIGHTS = {"fp32": [], "fp16-storage": ["--fp16-storage"], "fp16-bin": ["--fp16-bin"]}
 # the kernel's copies: the default (16 lanes where the CPU has AVX-512F) and the 8-lane AVX2 one
 ISAS = {"default": [], "avx2": ["--avx2"]}

@@ -27,9 +27,10 @@ CHECK = BUILD / "ncnnport-int8-gemv-check"
 
 # (N, K, block, bias): Qwen3-ASR's decode projections (q, o, MLP) and its head's K; N off the
 # 16 rows of a group (100, 37, 17) and under one group; every block size; a last block shorter
-# than the others (K 96 and 1040, the tiny presets' widths are such); with and without C.
+# than the others (K 96 and 1040, the tiny presets' widths are such); with and without C; an
+# output past output_store.h's 128 KiB (streaming stores; its last group of 3 rows stored plainly).
 SHAPES = [(2048, 1024, 128, 1), (1024, 3072, 128, 0), (100, 256, 128, 0), (37, 128, 64, 1), (17, 64, 32, 1),
-          (1, 128, 128, 1), (48, 96, 128, 1), (33, 1040, 128, 0)]
+          (1, 128, 128, 1), (48, 96, 128, 1), (33, 1040, 128, 0), (65555, 64, 64, 1)]
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
+#include "ncnnport/output_store.h"
 
 #include <cpu.h>
 #include <layer.h>
@@ -125,9 +126,10 @@ float activate(float v, int type, const ncnn::Mat& params) {
     return v;
 }
 
-// Block `b` of the layer: writes its valid outputs of y.
+// Block `b` of the layer: writes its valid outputs of y (streamed past the caches where `stream`:
+// output_store.h).
 template <bool Prefetch, typename T>
-void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params) {
+void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params, bool stream) {
     const T* w = static_cast<const T*>(pk.weights.data) + static_cast<size_t>(b) * pk.num_input * kBlock;
     const float* bias = static_cast<const float*>(pk.bias.data) + b * kBlock;
     alignas(64) float out[kBlock];
@@ -135,14 +137,21 @@ void run_block(const Packed& pk, int b, const float* x, float* y, int act, const
     else gemv_block<Prefetch>(w, bias, x, pk.num_input, out);
     const int o0 = b * kBlock;
     const int n = std::min(kBlock, pk.num_output - o0);
-    for (int i = 0; i < n; ++i) y[o0 + i] = activate(out[i], act, act_params);
+    if (act != 0)
+        for (int i = 0; i < n; ++i) out[i] = activate(out[i], act, act_params);
+    store_block(y + o0, out, n, stream);
 }
 
 // y = W x + b over every block, OpenMP over blocks (ncnn's thread count).
 template <bool Prefetch, typename T>
 void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params);
+    const bool stream = stream_output(pk.num_output);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static) nowait
+        for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params, stream);
+        output_store_fence(stream);
+    }
 }
 
 template <typename T>

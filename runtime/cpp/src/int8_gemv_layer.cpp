@@ -3,6 +3,7 @@
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
+#include "ncnnport/output_store.h"
 
 #include <layer.h>
 #include <layer_type.h>
@@ -137,12 +138,20 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
 template <bool Prefetch>
 void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads) {
     const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int g = 0; g < pk.groups; ++g) {
-        alignas(64) float out[kLanes];
-        run_group<Prefetch>(pk, g, q, xdescale, shift, out);
-        const int o0 = g * kLanes;
-        for (int i = 0; i < std::min(kLanes, pk.n - o0); ++i) y[o0 + i] = bias ? out[i] + bias[o0 + i] : out[i];
+    const bool stream = stream_output(pk.n);  // a large output past the caches (output_store.h)
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static) nowait
+        for (int g = 0; g < pk.groups; ++g) {
+            alignas(64) float out[kLanes];
+            run_group<Prefetch>(pk, g, q, xdescale, shift, out);
+            const int o0 = g * kLanes;
+            const int n = std::min(kLanes, pk.n - o0);
+            if (bias)
+                for (int i = 0; i < n; ++i) out[i] += bias[o0 + i];
+            store_block(y + o0, out, n, stream);
+        }
+        output_store_fence(stream);
     }
 }
 

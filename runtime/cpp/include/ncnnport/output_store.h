@@ -1,0 +1,72 @@
+// How the one-row kernels (gemv_layer.h, int8_gemv_layer.h) write a large output: past the caches,
+// with streaming (non-temporal) stores.
+//
+// Why: a kernel writes a few output lines per block while it streams the weights from DRAM. Where
+// the output is larger than the caches keep across that stream (a decode step's head: Qwen3-ASR's
+// 151936 logits, 608 KB), each line is gone from the caches by the time it is written, so an
+// ordinary store first reads the line from DRAM (a read for ownership) in the middle of the weight
+// stream; streaming stores write whole lines without reading them. That is not all of it: the same
+// outputs written to 16 blocks' lines kept in L1 read 18.0 / 19.1 GB/s below, between the two, so
+// the rule is measured, not modelled. Measured on the 2-core Xeon (one
+// thread, fp16 weights of the 311 MB head, 64 outputs per block, 14 interleaved rounds each, two
+// runs): the stream read 17.7 / 18.6 GB/s with ordinary stores and 18.7 / 19.7 with 16-lane
+// streaming ones (18.4 with the 4-lane ones below), within 3 % of a sum over the same weights
+// without outputs (19.1 / 20.3); at Youtu-VL's head width (K = 2560, 243 KB of outputs) 17.9 ->
+// 19.0. In the model (qwen3-asr real-L4 fp16, 3 alternating pairs, ids equal) the head read
+// 20.3-20.5 -> 19.1-19.4 ms per token. The stored values are the same bits.
+// Small outputs (a projection's few KB, read by the next layer right away) keep ordinary stores.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define NCNNPORT_OUTPUT_STORE_X86 1
+#else
+#define NCNNPORT_OUTPUT_STORE_X86 0
+#endif
+
+namespace ncnnport {
+
+// Outputs of at least this many bytes are written with streaming stores: more than twice an L1, so
+// not kept there, and in the models only the heads (Qwen3-ASR's 608 KB, Youtu-VL's 189 KB vocab
+// shards), whose logits the host reads after the whole step, never a layer's projection (<= 38 KB,
+// read by the next layer right away, which would then miss on it). Streaming every output of
+// Qwen3-ASR's decode layers as well measured within the noise there (real-L4 fp16, 3 alternating
+// rounds: layers 8.54-9.16 ms against 8.81-9.15).
+constexpr size_t kStreamOutputMinBytes = size_t{128} << 10;
+
+// Whether a call writing `num_output` floats streams them.
+inline bool stream_output(int num_output) {
+    return static_cast<size_t>(num_output) * sizeof(float) >= kStreamOutputMinBytes;
+}
+
+// Writes the `n` floats of `src` (16-byte aligned: a kernel's block result) to `dst`: with
+// streaming stores where `stream` is set, `n` fills whole 64-byte lines and `dst` starts one (x86);
+// else with ordinary stores. A thread that streamed calls output_store_fence() before another
+// thread (or a later layer) reads what it wrote.
+inline void store_block(float* dst, const float* src, int n, bool stream) {
+#if NCNNPORT_OUTPUT_STORE_X86
+    if (stream && n % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+        // SSE streaming stores: every x86-64 CPU has them, and four of them fill a line in the
+        // write-combining buffer as one 64-byte store would
+        for (int i = 0; i < n; i += 4) _mm_stream_ps(dst + i, _mm_load_ps(src + i));
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    for (int i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+// Orders this thread's streaming stores before its later stores (and the OpenMP barrier after it).
+inline void output_store_fence(bool streamed) {
+#if NCNNPORT_OUTPUT_STORE_X86
+    if (streamed) _mm_sfence();
+#else
+    (void)streamed;
+#endif
+}
+
+}  // namespace ncnnport
