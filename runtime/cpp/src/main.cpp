@@ -18,6 +18,8 @@
 //                                              (JSON; what verify judges by on --vulkan)
 //   ncnnport-cpp fp16-bits IN OUT              raw float32 values of IN as the fp16 bits the K/V
 //                                              cache stores (fp16.h; uint16 little-endian to OUT)
+//   ncnnport-cpp argmax IN                     the index greedy decoding takes from the raw float32
+//                                              values of IN (greedy.h; printed)
 //   ncnnport-cpp read-bandwidth [--mib N] [--runs R] [--threads T]
 //                                              the read bandwidth of a vector sum over N MiB (256),
 //                                              plain and with the kernels' software prefetch,
@@ -39,6 +41,7 @@
 #include "ncnnport/bpe_tokenizer.h"
 #include "ncnnport/concurrent_calls.h"
 #include "ncnnport/fp16.h"
+#include "ncnnport/greedy.h"
 #ifdef NCNNPORT_WITH_NCNN
 #include "ncnnport/golden_verify.h"
 #endif
@@ -66,6 +69,7 @@ int usage() {
                  "       ncnnport-cpp splits MAX_THREADS MAX_CALLS\n"
                  "       ncnnport-cpp precisions\n"
                  "       ncnnport-cpp fp16-bits IN OUT\n"
+                 "       ncnnport-cpp argmax IN\n"
                  "       ncnnport-cpp read-bandwidth [--mib N] [--runs R] [--threads T]\n";
     return 2;
 }
@@ -239,6 +243,18 @@ int cmd_fp16_bits(const std::string& in, const std::string& out) {
     return 0;
 }
 
+// `argmax`: greedy.h's choice over a raw float32 file (the tests hold it to numpy.argmax).
+int cmd_argmax(const std::string& in) {
+    std::ifstream f(in, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f.good() && !f.eof()) throw std::runtime_error("cannot read " + in);
+    if (bytes.size() % sizeof(float)) throw std::runtime_error(in + ": not a whole number of float32 values");
+    std::vector<float> values(bytes.size() / sizeof(float));
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    std::cout << ncnnport::greedy(values) << "\n";
+    return 0;
+}
+
 }  // namespace
 
 // `read-bandwidth`: read_probe.h's measurement as one JSON object on stdout.
@@ -277,6 +293,7 @@ int main(int argc, char** argv) {
         if (args.size() == 4 && args[0] == "gates") return cmd_gates(args[1], args[2], args[3]);
         if (args.size() == 3 && args[0] == "splits") return cmd_splits(args[1], args[2]);
         if (args.size() == 3 && args[0] == "fp16-bits") return cmd_fp16_bits(args[1], args[2]);
+        if (args.size() == 2 && args[0] == "argmax") return cmd_argmax(args[1]);
         if (!args.empty() && args[0] == "read-bandwidth") return cmd_read_bandwidth(args);
         if (args.size() == 1 && args[0] == "precisions") {
             std::cout << ncnnport::precisions_table_json().dump() << "\n";

@@ -335,18 +335,26 @@ std::vector<int64_t> Graph::fit_output_shape(const TensorSpec& t, std::vector<in
     return shape;
 }
 
-Tensor Graph::fetch_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
+std::vector<int64_t> Graph::check_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
     const std::string what = "graph " + name_ + ", output " + t.name;
     if (m.empty()) throw GraphError(what + ": ncnn returned an empty Mat");
     if (m.elemsize != 4 || m.elempack != 1)
         throw GraphError(what + ": Mat of " + std::to_string(m.elemsize) + "-byte elements, pack "
                          + std::to_string(m.elempack));
+    return fit_output_shape(t, mat_shape(m), sizes);
+}
+
+Tensor Graph::fetch_output(const TensorSpec& t, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const {
     Tensor out;
-    out.shape = fit_output_shape(t, mat_shape(m), sizes);
+    out.shape = check_output(t, m, sizes);
     const size_t per_channel = static_cast<size_t>(m.w) * m.h * m.d;
-    out.data.resize(per_channel * m.c);
-    for (int c = 0; c < m.c; ++c)
-        std::memcpy(out.data.data() + c * per_channel, m.channel(c).data, per_channel * sizeof(float));
+    // copied, never zero-filled first (resize would write every float twice: a decode step's
+    // 151936 logits are 608 KB)
+    out.data.reserve(per_channel * m.c);
+    for (int c = 0; c < m.c; ++c) {
+        const float* p = m.channel(c);
+        out.data.insert(out.data.end(), p, p + per_channel);
+    }
     return out;
 }
 
@@ -402,12 +410,29 @@ Graph& Graph::solo() {
     return *solo_;
 }
 
+std::vector<ncnn::Mat> Graph::run_mats(const std::vector<ncnn::Mat>& inputs) {
+    std::map<std::string, int64_t> sizes;
+    double ncnn_s = 0.0;
+    std::vector<ncnn::Mat> mats = extract_call(inputs, sizes, &ncnn_s);
+    seconds_ += ncnn_s;
+    for (size_t i = 0; i < outputs_.size(); ++i) check_output(outputs_[i], mats[i], sizes);
+    return mats;
+}
+
 std::vector<Tensor> Graph::run_call(const std::vector<ncnn::Mat>& inputs, double* ncnn_s) const {
+    std::map<std::string, int64_t> sizes;
+    const std::vector<ncnn::Mat> mats = extract_call(inputs, sizes, ncnn_s);
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < outputs_.size(); ++i) outs.push_back(fetch_output(outputs_[i], mats[i], sizes));
+    return outs;
+}
+
+std::vector<ncnn::Mat> Graph::extract_call(const std::vector<ncnn::Mat>& inputs, std::map<std::string, int64_t>& sizes,
+                                           double* ncnn_s) const {
     ensure_loaded();
     if (inputs.size() != inputs_.size())
         throw GraphError("graph " + name_ + ": " + std::to_string(inputs.size()) + " inputs, spec has "
                          + std::to_string(inputs_.size()));
-    std::map<std::string, int64_t> sizes;
     for (size_t i = 0; i < inputs.size(); ++i) bind_input(inputs_[i], inputs[i], sizes);
     const auto t0 = std::chrono::steady_clock::now();
     ncnn::Extractor ex = net_->create_extractor();
@@ -422,9 +447,7 @@ std::vector<Tensor> Graph::run_call(const std::vector<ncnn::Mat>& inputs, double
             throw GraphError("graph " + name_ + ": extract('" + outputs_[i].name + "') returned " + std::to_string(rc));
     }
     if (ncnn_s) *ncnn_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<Tensor> outs;
-    for (size_t i = 0; i < outputs_.size(); ++i) outs.push_back(fetch_output(outputs_[i], mats[i], sizes));
-    return outs;
+    return mats;
 }
 
 }  // namespace ncnnport

@@ -200,8 +200,10 @@ void Asr::rope_tables(int start, int length, std::vector<float>& cos, std::vecto
         }
 }
 
-std::vector<float> Asr::logits(const std::vector<float>& hidden) {
-    return graph("lm_head").run({ncnnport::to_mat(Tensor{{1, static_cast<int64_t>(hidden.size())}, hidden})})[0].data;
+ncnn::Mat Asr::logits(const std::vector<float>& hidden) {
+    ncnn::Mat row = graph("lm_head").run_mats({ncnnport::to_mat(Tensor{{1, static_cast<int64_t>(hidden.size())}, hidden})})[0];
+    if (row.c != 1) throw GraphError("graph lm_head: logits in " + std::to_string(row.c) + " channels, want one row");
+    return row;
 }
 
 std::map<std::string, double> Asr::graph_seconds() const {
@@ -253,7 +255,7 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     }
     cache.commit(s);
     std::vector<float> last(hidden.data.end() - h, hidden.data.end());
-    std::vector<float> row = logits(last);
+    ncnn::Mat row = logits(last);
 
     Generation gen;
     gen.prompt_tokens = s;
@@ -274,7 +276,9 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     }
 #endif
     for (int step = 0; step < max_new_tokens; ++step) {
-        const int token = static_cast<int>(ncnnport::greedy(row));
+        // one channel (logits() checks it): w * h * d floats, no channel padding
+        const int token = static_cast<int>(ncnnport::greedy(static_cast<const float*>(row.data),
+                                                            static_cast<size_t>(row.w) * row.h * row.d));
         gen.tokens.push_back(token);
         if (std::find(info_.eos_ids.begin(), info_.eos_ids.end(), token) != info_.eos_ids.end()) {
             gen.stopped_by_eos = true;
@@ -298,7 +302,7 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     return gen;
 }
 
-std::vector<float> Asr::host_step(int token, ncnnport::KvCache& cache) {
+ncnn::Mat Asr::host_step(int token, ncnnport::KvCache& cache) {
     // decode_step at position cache.length: every decode layer reads the past in place
     const int d = info_.head_dim;
     std::vector<float> tc, ts;
@@ -316,7 +320,7 @@ std::vector<float> Asr::host_step(int token, ncnnport::KvCache& cache) {
 }
 
 #if NCNN_VULKAN
-std::vector<float> Asr::gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s) {
+ncnn::Mat Asr::gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s) {
     // the same step with every decode layer and the head recorded into one command: the hidden
     // state and the K/V rows stay on the device, only the logits row comes back
     using ncnnport::GpuInput;
@@ -351,7 +355,9 @@ std::vector<float> Asr::gpu_step(int token, ncnnport::GpuKvCache& cache, double&
             throw GraphError("decode step at position " + std::to_string(cache.length())
                              + ": non-finite logits from the GPU-resident decode (K/V rows stay on the device)");
     cache.commit(1);
-    return row;
+    ncnn::Mat out(static_cast<int>(row.size()));
+    std::copy(row.begin(), row.end(), static_cast<float*>(out.data));
+    return out;
 }
 #endif
 

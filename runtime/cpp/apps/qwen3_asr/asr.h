@@ -77,13 +77,15 @@ public:
 
 private:
     ncnnport::Graph& graph(const std::string& name);
-    std::vector<float> logits(const std::vector<float>& hidden);
+    // The head's logits row for one hidden state, as ncnn returned it (one contiguous float32 row,
+    // Graph::run_mats: the host only scans it, so it is not copied).
+    ncnn::Mat logits(const std::vector<float>& hidden);
     std::vector<float> embed_token(int token);
     void rope_tables(int start, int length, std::vector<float>& cos, std::vector<float>& sin) const;
     // One decode step at position cache.length() for `token`: the next logits row.
-    std::vector<float> host_step(int token, ncnnport::KvCache& cache);
+    ncnn::Mat host_step(int token, ncnnport::KvCache& cache);
 #if NCNN_VULKAN
-    std::vector<float> gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s);
+    ncnn::Mat gpu_step(int token, ncnnport::GpuKvCache& cache, double& wait_s);
 #endif
 
     std::filesystem::path package_;

@@ -194,6 +194,11 @@ public:
     // takes), feeds and extracts every output, checking return codes, and returns outputs in
     // spec order, shapes fitted to the spec rank (unit axes only) and checked.
     std::vector<Tensor> run(const std::vector<ncnn::Mat>& inputs);
+    // run() without the copy into Tensors: the outputs as ncnn returned them (float32, pack 1,
+    // each checked against its spec as run() checks it; a Mat of up to 2 dims is one contiguous
+    // row-major block). For an output the host only scans once, e.g. a decode step's logits
+    // (Qwen3-ASR: 608 KB a step, which the copy read and wrote once more).
+    std::vector<ncnn::Mat> run_mats(const std::vector<ncnn::Mat>& inputs);
     // run() for each call, outputs in call order: up to split().workers calls at once, each on
     // split().threads_each threads (the net was loaded for that count: ncnn's Gemm keeps it).
     // For independent calls, e.g. the windows of a window segment. The first error any call
@@ -236,6 +241,12 @@ private:
     void ensure_loaded() const;
     // One call; `ncnn_s` (when given) receives the seconds of its input + extract alone.
     std::vector<Tensor> run_call(const std::vector<ncnn::Mat>& inputs, double* ncnn_s = nullptr) const;
+    // The input binding and extraction of run_call: every output Mat (spec order), `sizes` the
+    // symbols the inputs bound.
+    std::vector<ncnn::Mat> extract_call(const std::vector<ncnn::Mat>& inputs, std::map<std::string, int64_t>& sizes,
+                                        double* ncnn_s) const;
+    // fetch_output's checks alone (float32, pack 1, the spec's shape): the output's shape.
+    std::vector<int64_t> check_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     void bind_input(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     Tensor fetch_output(const TensorSpec& spec, const ncnn::Mat& m, std::map<std::string, int64_t>& sizes) const;
     std::vector<int64_t> fit_output_shape(const TensorSpec& spec, std::vector<int64_t> shape,
