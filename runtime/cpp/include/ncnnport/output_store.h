@@ -13,7 +13,10 @@
 // streaming ones (18.4 with the 4-lane ones below), within 3 % of a sum over the same weights
 // without outputs (19.1 / 20.3); at Youtu-VL's head width (K = 2560, 243 KB of outputs) 17.9 ->
 // 19.0. In the model (qwen3-asr real-L4 fp16, 3 alternating pairs, ids equal) the head read
-// 20.3-20.5 -> 19.1-19.4 ms per token. The stored values are the same bits.
+// 20.3-20.5 -> 19.1-19.4 ms per token. On the device's Xeon (one lease; a plain stream reads only
+// ~8.3 GB/s there, latency-bound) every store variant read within 3 % of the sum, and the model's
+// head 22.1-24.5 ms before, 22.1-23.9 after: no gain there, no loss. The stored values are the
+// same bits.
 // Small outputs (a projection's few KB, read by the next layer right away) keep ordinary stores.
 #pragma once
 
