@@ -154,12 +154,24 @@ class SlowingStage:
         return out
 
 
+def load_period_s(call, calls: int, periods: float) -> float:
+    """A LoadGenerator period that splits a run of `calls` calls like `call` into about `periods`
+    quiet / busy periods on this machine. Why measured: with a fixed 1 s period a fast host (a
+    2-core Xeon ran 240 calls of cpu_work(150_000) in 0.8 s) finished the run inside the first
+    quiet second, so the load these tests are about never came."""
+    t0 = time.perf_counter()
+    for _ in range(5):
+        call()
+    return max(0.05, (time.perf_counter() - t0) / 5 * calls / periods)
+
+
 def block_medians(times: list, block: int = 5) -> list:
     return [float(np.median(times[k:k + block])) for k in range(0, len(times) - block + 1, block)]
 
 
 def test_load_starting_and_stopping_passes_the_stability_verdict():
-    with LoadGenerator(period_s=1.0):
+    # 120 rounds of an aged and a fresh call: about six quiet / busy periods over the run
+    with LoadGenerator(period_s=load_period_s(cpu_work(150_000), 2 * 122, periods=6)):
         r = interleave({"stage": cpu_work(150_000)}, rounds=120, warmup=2,
                        fresh={"stage": lambda: cpu_work(150_000)})["stage"]
     blocks = block_medians(r.times_ms)
@@ -243,7 +255,8 @@ def test_load_that_rises_during_the_run_is_not_a_slowdown_of_a_session():
     A fresh session timed in pairs with the aged one is slowed alike: ratio ~1, verdict passes."""
     calls = {"stage": cpu_work(150_000)}
     fresh = {"stage": lambda: cpu_work(150_000)}
-    with LoadGenerator(period_s=0.7):
+    # the first quiet period a third of the run, then load
+    with LoadGenerator(period_s=load_period_s(calls["stage"], 2 * 92, periods=3)):
         r = interleave(calls, rounds=90, warmup=2, fresh=fresh)["stage"]
     assert r.aged_vs_fresh_ratio is not None and 0.8 < r.aged_vs_fresh_ratio < 1.25, r.aged_vs_fresh_ratio
     assert r.aged_slower_than_fresh(2.0) is False
