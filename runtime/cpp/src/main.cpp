@@ -226,17 +226,21 @@ int cmd_splits(const std::string& max_threads, const std::string& max_calls) {
 
 // The float32 values of file `in` as fp16 bits (fp16.h) in file `out`: the K/V cache's rounding,
 // exposed so a test can hold it against numpy's astype(float16) bit for bit.
-int cmd_fp16_bits(const std::string& in, const std::string& out) {
+// The raw float32 values of file `in` (the tools' test input); a partial value is an error.
+std::vector<float> read_float32_file(const std::string& in) {
     std::ifstream f(in, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     if (!f.good() && !f.eof()) throw std::runtime_error("cannot read " + in);
     if (bytes.size() % sizeof(float)) throw std::runtime_error(in + ": not a whole number of float32 values");
-    std::vector<uint16_t> bits(bytes.size() / sizeof(float));
-    for (size_t i = 0; i < bits.size(); ++i) {
-        float v;
-        std::memcpy(&v, bytes.data() + i * sizeof(float), sizeof v);
-        bits[i] = ncnnport::fp16_bits(v);
-    }
+    std::vector<float> values(bytes.size() / sizeof(float));
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    return values;
+}
+
+int cmd_fp16_bits(const std::string& in, const std::string& out) {
+    const std::vector<float> values = read_float32_file(in);
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = ncnnport::fp16_bits(values[i]);
     std::ofstream o(out, std::ios::binary);
     o.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * sizeof(uint16_t)));
     if (!o) throw std::runtime_error("cannot write " + out);
@@ -245,13 +249,7 @@ int cmd_fp16_bits(const std::string& in, const std::string& out) {
 
 // `argmax`: greedy.h's choice over a raw float32 file (the tests hold it to numpy.argmax).
 int cmd_argmax(const std::string& in) {
-    std::ifstream f(in, std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (!f.good() && !f.eof()) throw std::runtime_error("cannot read " + in);
-    if (bytes.size() % sizeof(float)) throw std::runtime_error(in + ": not a whole number of float32 values");
-    std::vector<float> values(bytes.size() / sizeof(float));
-    std::memcpy(values.data(), bytes.data(), bytes.size());
-    std::cout << ncnnport::greedy(values) << "\n";
+    std::cout << ncnnport::greedy(read_float32_file(in)) << "\n";
     return 0;
 }
 

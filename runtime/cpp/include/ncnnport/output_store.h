@@ -1,22 +1,20 @@
 // How the one-row kernels (gemv_layer.h, int8_gemv_layer.h) write a large output: past the caches,
 // with streaming (non-temporal) stores.
 //
-// Why: a kernel writes a few output lines per block while it streams the weights from DRAM. Where
-// the output is larger than the caches keep across that stream (a decode step's head: Qwen3-ASR's
-// 151936 logits, 608 KB), each line is gone from the caches by the time it is written, so an
-// ordinary store first reads the line from DRAM (a read for ownership) in the middle of the weight
-// stream; streaming stores write whole lines without reading them. That is not all of it: the same
-// outputs written to 16 blocks' lines kept in L1 read 18.0 / 19.1 GB/s below, between the two, so
-// the rule is measured, not modelled. Measured on the 2-core Xeon (one
-// thread, fp16 weights of the 311 MB head, 64 outputs per block, 14 interleaved rounds each, two
-// runs): the stream read 17.7 / 18.6 GB/s with ordinary stores and 18.7 / 19.7 with 16-lane
-// streaming ones (18.4 with the 4-lane ones below), within 3 % of a sum over the same weights
-// without outputs (19.1 / 20.3); at Youtu-VL's head width (K = 2560, 243 KB of outputs) 17.9 ->
-// 19.0. In the model (qwen3-asr real-L4 fp16, 3 alternating pairs, ids equal) the head read
-// 20.3-20.5 -> 19.1-19.4 ms per token. On the device's Xeon (one lease; a plain stream reads only
-// ~8.3 GB/s there, latency-bound) every store variant read within 3 % of the sum, and the model's
-// head 22.1-24.5 ms before, 22.1-23.9 after: no gain there, no loss. The stored values are the
-// same bits.
+// Why: a kernel writes a few output lines per block of weights it streams from DRAM. An output
+// larger than the caches keep across that stream (a decode step's head: Qwen3-ASR's 151936 logits,
+// 608 KB) has lost its lines by the time they are written, so an ordinary store first reads each
+// line from DRAM (a read for ownership) in the middle of the weight stream; a streaming store
+// writes the whole line without reading it. That explains part of the cost only (outputs kept in
+// L1 read in between, below), so the rule rests on the measurements, not on a model of them.
+// 2-core Xeon, one thread, fp16 weights of the 311 MB head, 64 outputs per block, 14 interleaved
+// rounds each, two runs, GB/s: ordinary stores 17.7 / 18.6, outputs kept in L1 18.0 / 19.1, 16-lane
+// streaming stores 18.7 / 19.7 (the 4-lane ones below: 18.4), a sum over the same weights without
+// outputs 19.1 / 20.3; at Youtu-VL's head width (K = 2560, 243 KB of outputs) 17.9 -> 19.0. In the
+// model (qwen3-asr real-L4 fp16, 3 alternating pairs, ids equal) the head read 20.3-20.5 -> 19.1-19.4
+// ms per token. On the device's Xeon (one lease; a plain stream reads only ~8.3 GB/s there,
+// latency-bound) every store variant read within 3 % of the sum, and the model's head 22.1-24.5 ms
+// before, 22.1-23.9 after: no gain there, no loss. The stored values are the same bits.
 // Small outputs (a projection's few KB, read by the next layer right away) keep ordinary stores.
 #pragma once
 
