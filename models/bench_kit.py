@@ -57,6 +57,11 @@ class DecodeRun:
     # C++ only: the bytes per value its K/V cache stored (timing.kv_cache_value_bytes: 2 for fp16
     # rows, 4 for float32; None where the executable does not say)
     kv_value_bytes: int | None = None
+    # C++ only: every one-row kernel call of the run by weight width and bytes per call
+    # (timing.weight_streams: [{width, bytes, calls, seconds, gbps}]) and each width's prefetch
+    # state at the end (timing.gemv_prefetch: {width: "on" | "off" | "undecided"})
+    weight_streams: list[dict[str, Any]] | None = None
+    prefetch_states: dict[str, str] | None = None
 
     @property
     def per_token_ms(self) -> float:

@@ -118,9 +118,11 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
             raise BenchError(f"{exe}: {len(chunks)} chunks; the bench needs one (a shorter input)")
         c = chunks[0]
         value_bytes = timing.get("kv_cache_value_bytes")
+        streams = [{"width": width, **r} for width, rs in timing.get("weight_streams", {}).items() for r in rs]
+        states = {width: p["state"] for width, p in timing.get("gemv_prefetch", {}).items()}
         return DecodeRun("cpp", int(c["prompt_tokens"]), [int(t) for t in c["token_ids"]], float(timing["decode_s"]),
                          int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]),
-                         None if value_bytes is None else int(value_bytes))
+                         None if value_bytes is None else int(value_bytes), streams or None, states or None)
     except (KeyError, TypeError, ValueError) as exc:
         raise BenchError(f"{exe}: result lacks chunks[0].token_ids/prompt_tokens or timing.decode_s/"
                          f"decode_steps/decode_graph_s ({exc})") from None
@@ -300,6 +302,20 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def weight_stream_medians(rounds: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Each (width, bytes per call) stream of the C++ one-row kernels over the rounds: its calls
+    per round and the median of its rounds' read speeds (GB/s over every call of a round). Why
+    per stream: a token's percentage of the bound cannot say whether the head or the projections
+    read slowly (runtime/cpp/include/ncnnport/stream_times.h)."""
+    by_key: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for streams in rounds:
+        for r in streams:
+            by_key.setdefault((str(r["width"]), int(r["bytes"])), []).append(r)
+    return [{"width": width, "bytes": nbytes, "calls": [int(r["calls"]) for r in rs],
+             "gbps": float(np.median([float(r["gbps"]) for r in rs]))}
+            for (width, nbytes), rs in sorted(by_key.items())]
+
+
 def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int) -> dict[str, Any]:
     """One table row from every runtime's rounds: per-token ms (median, min-max), ratios vs the
     C++ loop (median of per-round ratios), the C++ overhead and its verdict, id agreement."""
@@ -319,6 +335,10 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     if value_bytes:
         # the widest a round stored: "incl. K/V" must not count fewer bytes than a round read
         row["cpp"]["kv_cache_value_bytes"] = max(value_bytes)
+    streams = weight_stream_medians([r.weight_streams for r in cpp if r.weight_streams])
+    if streams:
+        row["cpp"]["weight_streams"] = streams
+        row["cpp"]["prefetch_states"] = [r.prefetch_states for r in cpp if r.prefetch_states]
     row["overhead_target"] = OVERHEAD_TARGET
     row["overhead_met"] = row["cpp"]["overhead"]["median"] <= OVERHEAD_TARGET
     mismatches = [(i, first_difference(c.token_ids, p.token_ids)) for i, (c, p) in enumerate(zip(cpp, py))]
@@ -780,6 +800,7 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
                      f"{'met' if r['bound']['cpp_met'] else 'not met'} | {kv_mb} | {kv['cpp']} | {kv['python']} |")
     if any("kv_bytes" in r["bound"] for r in rows):
         lines += ["", KV_NOTE]
+    lines += stream_lines(rows, b["read_gbps"])
     flat = report.get("flatness")
     if flat:
         low, high = flat["rounds_range"]
@@ -787,6 +808,27 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
                       f"(medians; the rounds' extremes give {low:.2f}-{high:.2f}; target <= {flat['at_most']:g}: "
                       f"{'met' if flat['met'] else 'not met'})."]
     return lines
+
+
+def stream_lines(rows: Sequence[Mapping[str, Any]], read_gbps: float) -> list[str]:
+    """Where a C++ token's weight reads go: each one-row kernel stream's read speed against the
+    run's read bandwidth, and the prefetch state each round ended in."""
+    lines = []
+    for r in rows:
+        streams = r["cpp"].get("weight_streams")
+        if not streams:
+            continue
+        cells = [f"{s['width']} {s['bytes'] / 2**20:.0f} MiB x {int(np.median(s['calls']))}: {s['gbps']:.1f} GB/s "
+                 f"({100 * s['gbps'] / read_gbps:.0f} %)" for s in streams]
+        widths = sorted({s["width"] for s in streams})
+        states = "; ".join(f"{w} prefetch " + "/".join(st.get(w, "-") for st in r["cpp"].get("prefetch_states", []))
+                           for w in widths)
+        lines.append(f"- {r['case']}: " + ", ".join(cells) + f" ({states})")
+    if not lines:
+        return []
+    return ["", "C++ one-row kernel reads per stream (width, weight bytes per call x calls per round: median GB/s "
+                "over the rounds, every call of a run; % of the read bandwidth above; the prefetch state each "
+                "round ended in):", *lines]
 
 
 def devices_text(report: Mapping[str, Any]) -> str:

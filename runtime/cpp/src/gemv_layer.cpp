@@ -4,6 +4,7 @@
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
+#include "ncnnport/stream_times.h"
 
 #include <cpu.h>
 #include <layer.h>
@@ -359,8 +360,9 @@ private:
         const auto t0 = std::chrono::steady_clock::now();
         if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
         else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
-        if (pick.sample)
-            choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
+        gemv_stream_times(pk.fp16).add(bytes, seconds);
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

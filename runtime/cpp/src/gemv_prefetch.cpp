@@ -6,41 +6,82 @@
 
 namespace ncnnport {
 
-int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off) {
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off, size_t last) {
+    const size_t pairs = std::min(on.size(), off.size());
+    const size_t from = last == 0 || last >= pairs ? 0 : pairs - last;
     int won = 0;
-    for (size_t i = 0; i < std::min(on.size(), off.size()); ++i) won += on[i] > off[i] * (1.0 + kGemvPrefetchMargin);
+    for (size_t i = from; i < pairs; ++i) won += on[i] > off[i] * (1.0 + kGemvPrefetchMargin);
     return won;
 }
 
 GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (state_ >= 0) return {state_ == 1, false};
-    if (weight_bytes < min_bytes_) return {false, false};
-    // plain first; a prefetching call only right after a plain one of the same size, its pair
+    if (weight_bytes < min_bytes_) return {state_ == 1, false};
+    if (warmup_left_ > 0) {
+        --warmup_left_;
+        return {false, false};
+    }
+    // plain first; a prefetching call only after a plain one of the same size, its pair (undecided:
+    // right after it; decided: the next call of that size)
     if (pending_bytes_ == weight_bytes) {
         pending_bytes_ = 0;
         return {true, true};
     }
-    pending_bytes_ = weight_bytes;
+    if (state_ >= 0) {  // a started pair waits for the next call of its size; every call counts
+        ++calls_since_pair_;  // (so the starts step through every position of a repeating call order)
+        if (pending_bytes_ != 0 || calls_since_pair_ < kGemvPrefetchRecheckEvery) return {state_ == 1, false};
+        calls_since_pair_ = 0;
+    }
+    pending_bytes_ = weight_bytes;  // undecided: a call of another size takes the place of an unpaired one
     return {false, true};
 }
 
 void GemvPrefetchChoice::record(bool prefetch, size_t weight_bytes, double seconds) {
     if (seconds <= 0.0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    if (state_ >= 0) return;
     const double gbps = static_cast<double>(weight_bytes) / seconds / 1e9;
-    if (prefetch) on_.push_back(gbps);
-    else if (off_.size() > on_.size()) off_.back() = gbps;  // the plain call before found no pair: replaced
-    else off_.push_back(gbps);
-    const int pairs = static_cast<int>(std::min(on_.size(), off_.size()));
-    if (pairs == kGemvPrefetchSamples) {
-        const int won = prefetch_pairs_won(on_, off_);
-        if (won >= kGemvPrefetchWinsNeeded) state_ = 1;
-        else if (won <= kGemvPrefetchNoEffectWins) state_ = 0;  // else: 8 more pairs
-    } else if (pairs >= kGemvPrefetchExtendedSamples) {
-        state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchExtendedWinsNeeded ? 1 : 0;
+    if (prefetch) {
+        if (on_.size() < off_.size()) on_.push_back(gbps);
+    } else if (off_.size() > on_.size()) {
+        off_.back() = gbps;  // the plain call before found no pair: replaced
+    } else {
+        off_.push_back(gbps);
     }
+    if (prefetch) decide();
+}
+
+double GemvPrefetchChoice::recent_ratio() const {
+    const size_t pairs = std::min(on_.size(), off_.size());
+    if (pairs == 0) return 0.0;
+    const size_t from = pairs > static_cast<size_t>(kGemvPrefetchRecheckPairs) ? pairs - kGemvPrefetchRecheckPairs : 0;
+    std::vector<double> ratios;
+    for (size_t i = from; i < pairs; ++i) ratios.push_back(on_[i] / off_[i]);
+    return median(ratios);
+}
+
+void GemvPrefetchChoice::decide() {
+    const int pairs = static_cast<int>(std::min(on_.size(), off_.size()));
+    const int before = state_;
+    if (first_state_ < 0) {
+        if (pairs == kGemvPrefetchSamples) {
+            const int won = prefetch_pairs_won(on_, off_);
+            if (won >= kGemvPrefetchWinsNeeded) state_ = 1;
+            else if (won <= kGemvPrefetchNoEffectWins) state_ = 0;  // else: 8 more pairs
+        } else if (pairs >= kGemvPrefetchExtendedSamples) {
+            state_ = prefetch_pairs_won(on_, off_) >= kGemvPrefetchExtendedWinsNeeded ? 1 : 0;
+        }
+        if (state_ >= 0) {
+            first_state_ = state_;
+            first_pairs_ = pairs;
+            first_won_ = prefetch_pairs_won(on_, off_);
+        }
+        return;
+    }
+    if (pairs < kGemvPrefetchRecheckPairs) return;
+    const double ratio = recent_ratio();
+    if (ratio >= 1.0 + kGemvPrefetchMargin) state_ = 1;
+    else if (ratio <= 1.0) state_ = 0;
+    switches_ += state_ != before;
 }
 
 GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
@@ -50,9 +91,21 @@ GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
     r.samples_on = static_cast<int>(on_.size());
     r.samples_off = static_cast<int>(off_.size());
     r.pairs_won = prefetch_pairs_won(on_, off_);
+    r.recent_ratio = recent_ratio();
     r.median_on_gbps = median(on_);
     r.median_off_gbps = median(off_);
+    r.first_pairs = first_pairs_;
+    r.first_won = first_won_;
+    r.first_state = first_state_ < 0 ? "" : (first_state_ == 1 ? "on" : "off");
+    r.switches = switches_;
     return r;
+}
+
+nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r) {
+    return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
+            {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps},
+            {"first", {{"pairs", r.first_pairs}, {"won", r.first_won}, {"state", r.first_state}}},
+            {"recent_ratio", r.recent_ratio}, {"switches", r.switches}};
 }
 
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {

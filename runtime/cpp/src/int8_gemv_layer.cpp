@@ -2,6 +2,7 @@
 
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/stream_times.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
 
@@ -316,8 +317,9 @@ private:
         const auto t0 = std::chrono::steady_clock::now();
         if (pick.prefetch) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
         else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
-        if (pick.sample)
-            choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
+        int8_gemv_stream_times().add(bytes, seconds);
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

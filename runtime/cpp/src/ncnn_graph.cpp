@@ -6,6 +6,7 @@
 
 #include "ncnnport/gemv_layer.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/stream_times.h"
 #include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/matmul_layer.h"
 #include "ncnnport/memory_data_layer.h"
@@ -203,9 +204,7 @@ bool register_gemv_for(ncnn::Net& net, const GraphOptions& options) {
 
 namespace {
 nlohmann::json prefetch_json(const GemvPrefetchChoice& choice) {
-    const GemvPrefetchChoice::Report r = choice.report();
-    return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
-            {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps}};
+    return prefetch_report_json(choice.report());
 }
 }  // namespace
 
@@ -224,6 +223,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
             {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)},
                                {"int8", int8_gemv_prefetch_json()}}},
+            {"weight_streams", {{"fp32", gemv_stream_times(false).json()}, {"fp16", gemv_stream_times(true).json()},
+                                {"int8", int8_gemv_stream_times().json()}}},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
             {"kv_cache_huge_peak_bytes", huge_page_allocator_peak_bytes()}};
 }

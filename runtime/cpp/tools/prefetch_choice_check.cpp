@@ -38,11 +38,7 @@ int main(int argc, char** argv) {
         if (pick.sample) choice.record(pick.prefetch, bytes, static_cast<double>(bytes) / ((pick.prefetch ? prefetching : plain) * 1e9));
         calls.push_back({{"bytes", bytes}, {"prefetch", pick.prefetch}, {"sample", pick.sample}});
     }
-    const auto r = choice.report();
-    std::cout << nlohmann::json{{"calls", calls},
-                                {"report", {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off},
-                                            {"pairs_won", r.pairs_won}, {"median_on_gbps", r.median_on_gbps},
-                                            {"median_off_gbps", r.median_off_gbps}}}}.dump()
+    std::cout << nlohmann::json{{"calls", calls}, {"report", ncnnport::prefetch_report_json(choice.report())}}.dump()
               << "\n";
     return 0;
 }

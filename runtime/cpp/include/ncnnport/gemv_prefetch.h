@@ -22,11 +22,34 @@
 // is kept with probability at most 10.2/256: 9/256 at 8 pairs, 1.2/256 more through the
 // extension). One choice per weight width (fp32, fp16), per process, and one per decode-attention
 // product (the K/V cache stream, below).
+//
+// The first kGemvPrefetchWarmupCalls calls of the sampled sizes run plain and are not sampled (on
+// Qwen3-ASR about the first two decode steps: 21 such fp16 calls per step), and the choice keeps
+// checking after it is made: every kGemvPrefetchRecheckEvery-th call of the sampled sizes starts
+// one more pair (completed by the next call of its size), and from kGemvPrefetchRecheckPairs pairs
+// on, after each pair, the median of the last kGemvPrefetchRecheckPairs pairs' speed ratios
+// (prefetching / plain) sets the state: on at 1 + kGemvPrefetchMargin or more, off at 1 or less,
+// unchanged in between.
+// Why: the first pairs come from a run's first tokens, and on this project's 2-core Xeon (a VM,
+// 2026-12-04) weights read slowly for the first ~1 s of reading them, prefetch gaining little
+// there: qwen3-asr real-L4 fp16, forced one way per process, 128 tokens, per call GB/s: tokens 0-3
+// plain 14.3-15.6 vs prefetching 14.9-15.8, tokens 40-120 plain 15.2-16.2 vs 17.1-18.3. The
+// one-shot rule chose "off" in 4 of 4 runs (2-11 wins) that read 27.5-28.0 ms per token where
+// forced prefetch read 25.5. A plain sum over fresh huge pages warms the same way (16.0 -> 18.0
+// GB/s over its first 20 passes of 432 MB, not shortened by a 3 s sleep or 1.5 s of arithmetic
+// first: reading does it, not time), and within one half hour the host went from prefetch gaining
+// 8-11 % to gaining nothing and back: the state a run starts in need not last. Why a median of
+// ratios and not the first decision's sign test: single calls there vary by +-10 % (a 6 MiB call
+// read 10.4-17.3 GB/s within one token), so a real 8-10 % gain won only 2-7 of 8 pairs by the 3 %
+// margin, and a sign test over the last 8 pairs switched 7-9 times in a 128-token run.
+// The cost of checking: at most one call in kGemvPrefetchRecheckEvery runs the variant not chosen.
 #pragma once
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
+
+#include <nlohmann/json.hpp>
 
 #include <cstddef>
 #include <mutex>
@@ -50,6 +73,9 @@ constexpr int kGemvPrefetchWinsNeeded = 7;            // pairs prefetch must win
 constexpr int kGemvPrefetchNoEffectWins = 4;          // at most this many of 8: off without more pairs
 constexpr int kGemvPrefetchExtendedSamples = 16;      // pairs after an undecided first 8
 constexpr int kGemvPrefetchExtendedWinsNeeded = 13;   // wins of the 16 that keep prefetch
+constexpr int kGemvPrefetchWarmupCalls = 48;          // sampled-size calls run plain before the first pair
+constexpr int kGemvPrefetchRecheckEvery = 16;         // sampled-size calls per pair once decided
+constexpr int kGemvPrefetchRecheckPairs = 16;         // pairs whose median ratio rechecks the state
 // A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
@@ -83,8 +109,14 @@ public:
     };
     struct Report {
         std::string state;  // "undecided", "on" or "off"
-        int samples_on = 0, samples_off = 0, pairs_won = 0;
-        double median_on_gbps = 0.0, median_off_gbps = 0.0;
+        int samples_on = 0, samples_off = 0;
+        int pairs_won = 0;          // of every pair
+        double recent_ratio = 0.0;  // median prefetching / plain speed of the last kGemvPrefetchRecheckPairs pairs
+        double median_on_gbps = 0.0, median_off_gbps = 0.0;  // over every sample
+        // the first decision: after how many pairs, their wins, and its state ("" while undecided)
+        int first_pairs = 0, first_won = 0;
+        std::string first_state;
+        int switches = 0;  // state changes since the first decision
     };
 
     // The variant of the next call that reads `weight_bytes`.
@@ -94,15 +126,28 @@ public:
     Report report() const;
 
 private:
+    // The state the pairs give: the first decision's sequential test while undecided, then the
+    // recheck's median ratio with the state kept between its bounds.
+    void decide();
+    double recent_ratio() const;
+
     const size_t min_bytes_;
     mutable std::mutex mutex_;
     int state_ = -1;  // -1 undecided, 0 off, 1 on
     size_t pending_bytes_ = 0;      // the size of a sampled plain call still waiting for its pair, else 0
+                                    // (undecided: the very next call; decided: the next call of its size)
     std::vector<double> on_, off_;  // GB/s of sampled calls, in call order (pair i = off_[i], on_[i])
+    int warmup_left_ = kGemvPrefetchWarmupCalls;  // sampled-size calls still to run unsampled
+    int calls_since_pair_ = 0;      // sampled-size calls since the last pair started (once decided)
+    int first_pairs_ = 0, first_won_ = 0, first_state_ = -1, switches_ = 0;
 };
 
-// The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin.
-int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off);
+// The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin, over
+// the last `last` pairs (every pair where 0).
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off, size_t last = 0);
+
+// A report as a run's JSON records it (timing.gemv_prefetch, timing.attention_prefetch).
+nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r);
 
 // The process's choice for fp16 (true) or fp32 weights.
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
