@@ -810,6 +810,12 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def mib_text(nbytes: int) -> str:
+    """MiB with a decimal below 10 (a 0.5 MiB projection is not "0 MiB")."""
+    mib = nbytes / 2**20
+    return f"{mib:.1f}" if mib < 10 else f"{mib:.0f}"
+
+
 def stream_lines(rows: Sequence[Mapping[str, Any]], read_gbps: float) -> list[str]:
     """Where a C++ token's weight reads go: each one-row kernel stream's read speed against the
     run's read bandwidth, and the prefetch state each round ended in."""
@@ -818,7 +824,7 @@ def stream_lines(rows: Sequence[Mapping[str, Any]], read_gbps: float) -> list[st
         streams = r["cpp"].get("weight_streams")
         if not streams:
             continue
-        cells = [f"{s['width']} {s['bytes'] / 2**20:.0f} MiB x {int(np.median(s['calls']))}: {s['gbps']:.1f} GB/s "
+        cells = [f"{s['width']} {mib_text(s['bytes'])} MiB x {int(np.median(s['calls']))}: {s['gbps']:.1f} GB/s "
                  f"({100 * s['gbps'] / read_gbps:.0f} %)" for s in streams]
         widths = sorted({s["width"] for s in streams})
         states = "; ".join(f"{w} prefetch " + "/".join(st.get(w, "-") for st in r["cpp"].get("prefetch_states", []))

@@ -134,7 +134,7 @@ def test_each_weight_stream_is_reported_with_its_read_speed_and_the_prefetch_sta
                                             {"width": "fp16", "bytes": 300 << 20, "calls": [5, 5, 5], "gbps": 17.0}]
     cpp_bench.add_bound(row, 2_000_000_000, 20.0)
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row], "threads": 1}))
-    assert ("- P=100: fp16 4 MiB x 20: 15.0 GB/s (75 %), fp16 300 MiB x 5: 17.0 GB/s (85 %) "
+    assert ("- P=100: fp16 4.0 MiB x 20: 15.0 GB/s (75 %), fp16 300 MiB x 5: 17.0 GB/s (85 %) "
             "(fp16 prefetch off/on/on)") in lines, lines
     plain = cpp_bench.decode_row("P=100", {"cpp": [run("cpp", [5, 6, 7, 8], 0.3, 0.29)] * 3,
                                            "python": [run("python", [5, 6, 7, 8], 0.45)] * 3}, new_tokens=4)
