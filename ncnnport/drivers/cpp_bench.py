@@ -560,7 +560,8 @@ def kv_bytes_per_position(prep: Any, precision: str = "fp32") -> int | None:
 
 def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None]) -> dict[str, float] | None:
     """The C++ runtime's own read of the machine (``ncnnport-cpp read-bandwidth``, read_probe.h:
-    a vector sum over 256 MiB, plain and with the one-row kernels' software prefetch) at the
+    a vector sum over 256 MiB, plain, with the one-row kernels' software prefetch and with it at
+    half their distances) at the
     run's thread count, from the build the executable came from; None, said in the log, where
     that build has no ``ncnnport-cpp``."""
     probe = exe_dir / "ncnnport-cpp"
@@ -571,7 +572,10 @@ def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None]) -> d
                           timeout=600, check=False)
     try:
         out = json.loads(done.stdout) if done.returncode == 0 else None
-        return {"cpp_stream_gbps": float(out["plain_gbps"]), "cpp_stream_prefetch_gbps": float(out["prefetch_gbps"])}
+        reads = {"cpp_stream_gbps": float(out["plain_gbps"]), "cpp_stream_prefetch_gbps": float(out["prefetch_gbps"])}
+        if "prefetch_near_gbps" in out:  # half the kernels' distances (read_probe.h)
+            reads["cpp_stream_prefetch_near_gbps"] = float(out["prefetch_near_gbps"])
+        return reads
     except (TypeError, ValueError, KeyError):
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise BenchError(f"bench-cpp: {probe.name} read-bandwidth gave no reading: {last}") from None

@@ -611,9 +611,9 @@ def _fake_probe(folder: Path, body: str) -> None:
 
 
 def test_the_bound_takes_the_fastest_read_the_cpp_probe_included(fake_models, tmp_path, monkeypatch):
-    """bench_bandwidth: the Python reductions and the C++ probe's plain and prefetching reads; the
-    bound is the fastest (here the prefetching one), named in the JSON and the table; the probe
-    runs at the bench's thread count."""
+    """bench_bandwidth: the Python reductions and the C++ probe's plain and prefetching reads (the
+    kernels' distances and half of them); the bound is the fastest, named in the JSON and the
+    table; the probe runs at the bench's thread count."""
     port = fake_models["fake-bench"]
     monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 20.0, "copy_gbps": 40.0, "read_gbps": 20.0})
     monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32": {"weights": 1_000_000_000},
@@ -627,6 +627,10 @@ def test_the_bound_takes_the_fastest_read_the_cpp_probe_included(fake_models, tm
     assert row["bound"]["read_gbps"] == 25.0 and row["bound"]["bound_ms"] == pytest.approx(40.0)
     assert ("25.0 GB/s read bandwidth (measured in this run, 1 thread(s), fastest: cpp_stream_prefetch)"
             in cpp_bench.markdown(report, "machine: x"))
+    # the read at half the kernels' prefetch distances, where it is the fastest, sets it
+    _fake_probe(tmp_path / "cpp", "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0, \"prefetch_near_gbps\": 27.0}')")
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
+    assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (27.0, "cpp_stream_prefetch_near")
     # a Python reduction faster than the probe still sets it
     monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 30.0, "read_gbps": 30.0})
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)

@@ -35,12 +35,19 @@ constexpr size_t kAlign = 2u << 20;
 #if NCNNPORT_PROBE_X86
 // Sum of the floats of [p, p + bytes), four 64-byte lines per step (bytes: whole lines): four
 // independent accumulators, so the adds never wait on each other and the loads set the pace.
-template <bool Prefetch>
+// The software prefetch of a read variant: 0 none, 1 the kernels' distances, 2 half of them.
+template <int Variant>
+inline void probe_prefetch(const char* at, size_t bytes) {
+    if (Variant == 1) prefetch_stream_step(at, bytes);
+    if (Variant == 2) prefetch_stream_step(at, bytes, kGemvPrefetchBytes / 2, kGemvPrefetchNearBytes / 2);
+}
+
+template <int Variant>
 __attribute__((target("avx512f"))) float sum_avx512(const char* p, size_t bytes) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t i = 0;
     for (; i + 4 * kLine <= bytes; i += 4 * kLine) {
-        if (Prefetch) prefetch_stream_step(p + i, 4 * kLine);
+        probe_prefetch<Variant>(p + i, 4 * kLine);
         a0 = _mm512_add_ps(a0, _mm512_load_ps(reinterpret_cast<const float*>(p + i)));
         a1 = _mm512_add_ps(a1, _mm512_load_ps(reinterpret_cast<const float*>(p + i + kLine)));
         a2 = _mm512_add_ps(a2, _mm512_load_ps(reinterpret_cast<const float*>(p + i + 2 * kLine)));
@@ -50,13 +57,13 @@ __attribute__((target("avx512f"))) float sum_avx512(const char* p, size_t bytes)
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-template <bool Prefetch>
+template <int Variant>
 __attribute__((target("avx2"))) float sum_avx2(const char* p, size_t bytes) {
     __m256 a[8];
     for (auto& v : a) v = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 4 * kLine <= bytes; i += 4 * kLine) {
-        if (Prefetch) prefetch_stream_step(p + i, 4 * kLine);
+        probe_prefetch<Variant>(p + i, 4 * kLine);
         for (int j = 0; j < 8; ++j) a[j] = _mm256_add_ps(a[j], _mm256_load_ps(reinterpret_cast<const float*>(p + i + 32 * j)));
     }
     for (; i < bytes; i += 32) a[0] = _mm256_add_ps(a[0], _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
@@ -69,7 +76,7 @@ __attribute__((target("avx2"))) float sum_avx2(const char* p, size_t bytes) {
 }
 #endif
 
-template <bool Prefetch>
+template <int Variant>
 float sum_scalar(const char* p, size_t bytes) {
     const auto* f = reinterpret_cast<const float*>(p);
     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
@@ -92,18 +99,18 @@ Isa best_isa() {
     return Isa::Scalar;
 }
 
-template <bool Prefetch>
+template <int Variant>
 float sum_part(Isa isa, const char* p, size_t bytes) {
 #if NCNNPORT_PROBE_X86
-    if (isa == Isa::Avx512) return sum_avx512<Prefetch>(p, bytes);
-    if (isa == Isa::Avx2) return sum_avx2<Prefetch>(p, bytes);
+    if (isa == Isa::Avx512) return sum_avx512<Variant>(p, bytes);
+    if (isa == Isa::Avx2) return sum_avx2<Variant>(p, bytes);
 #endif
     (void)isa;
-    return sum_scalar<Prefetch>(p, bytes);
+    return sum_scalar<Variant>(p, bytes);
 }
 
 // One pass over the buffer on `threads` threads; seconds. `sink` keeps the sums observable.
-template <bool Prefetch>
+template <int Variant>
 double timed_pass(Isa isa, const char* p, size_t bytes, int threads, volatile float& sink) {
     const size_t lines = bytes / kLine;
     float total = 0.f;
@@ -111,7 +118,7 @@ double timed_pass(Isa isa, const char* p, size_t bytes, int threads, volatile fl
 #pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total) if (threads > 1)
     for (int t = 0; t < threads; ++t) {
         const size_t l0 = lines * t / threads, l1 = lines * (t + 1) / threads;
-        total += sum_part<Prefetch>(isa, p + l0 * kLine, (l1 - l0) * kLine);
+        total += sum_part<Variant>(isa, p + l0 * kLine, (l1 - l0) * kLine);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
@@ -140,22 +147,21 @@ ReadProbe measure_read_bandwidth(size_t bytes, int runs, int threads) {
     std::fill(reinterpret_cast<float*>(buf.data), reinterpret_cast<float*>(buf.data + alloc), 1.f);
     const Isa isa = best_isa();
     volatile float sink = 0.f;
-    timed_pass<false>(isa, buf.data, bytes, threads, sink);
-    timed_pass<true>(isa, buf.data, bytes, threads, sink);
-    std::vector<double> plain, prefetch;
+    using Pass = double (*)(Isa, const char*, size_t, int, volatile float&);
+    const Pass passes[3] = {timed_pass<0>, timed_pass<1>, timed_pass<2>};
+    for (Pass pass : passes) pass(isa, buf.data, bytes, threads, sink);
+    std::vector<double> gbps[3];
     for (int r = 0; r < runs; ++r) {
-        // alternate which goes first, so a drift in the machine's load hits both alike
-        if (r % 2 == 0) {
-            plain.push_back(bytes / timed_pass<false>(isa, buf.data, bytes, threads, sink) / 1e9);
-            prefetch.push_back(bytes / timed_pass<true>(isa, buf.data, bytes, threads, sink) / 1e9);
-        } else {
-            prefetch.push_back(bytes / timed_pass<true>(isa, buf.data, bytes, threads, sink) / 1e9);
-            plain.push_back(bytes / timed_pass<false>(isa, buf.data, bytes, threads, sink) / 1e9);
+        // rotate which goes first, so a drift in the machine's load hits every variant alike
+        for (int i = 0; i < 3; ++i) {
+            const int v = (r + i) % 3;
+            gbps[v].push_back(bytes / passes[v](isa, buf.data, bytes, threads, sink) / 1e9);
         }
     }
     ReadProbe out;
-    out.plain_gbps = median(plain);
-    out.prefetch_gbps = median(prefetch);
+    out.plain_gbps = median(gbps[0]);
+    out.prefetch_gbps = median(gbps[1]);
+    out.prefetch_near_gbps = median(gbps[2]);
     out.isa = isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "scalar";
     return out;
 }

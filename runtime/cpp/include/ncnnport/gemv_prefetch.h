@@ -84,10 +84,12 @@ constexpr double kGemvPrefetchMargin = 0.03;
 // The prefetching variant's requests for the `bytes` (a multiple of 64: whole cache lines) that a
 // stream reads from `at`: far ahead into L2, near ahead into L1. A prefetch never faults, so the
 // addresses past the end of a buffer are harmless.
-inline void prefetch_stream_step(const void* at, size_t bytes) {
+// `far` / `near` default to the kernels' distances; the read probe also tries half of them.
+inline void prefetch_stream_step(const void* at, size_t bytes, size_t far = kGemvPrefetchBytes,
+                                 size_t near = kGemvPrefetchNearBytes) {
     const char* p = static_cast<const char*>(at);
-    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + kGemvPrefetchBytes + line, _MM_HINT_T1);
-    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + kGemvPrefetchNearBytes + line, _MM_HINT_T0);
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + far + line, _MM_HINT_T1);
+    for (size_t line = 0; line < bytes; line += 64) _mm_prefetch(p + near + line, _MM_HINT_T0);
 }
 #endif
 

@@ -9,6 +9,13 @@
 // them read 13.8: the C++ token then read 103 % of a bound, which is what a bound must never be
 // (a runtime can only exceed a bound that was measured too low). The bench now also runs this
 // probe (`ncnnport-cpp read-bandwidth`) at the run's thread count and takes the fastest of all.
+//
+// A third read prefetches at half the kernels' distances (4 KB into L2, 512 B into L1). Why: the
+// best distance is the machine's. A standalone copy of the fp16 kernel's stream (311 MB, 1 thread,
+// medians of 15) read 19.0 GB/s at the half distances and 17.8 at the kernels' on this project's
+// 2-core Xeon VM (plain 17.1), and this probe's sum 20.8-21.9 against 18.8-19.1; on the device's
+// Xeon the kernels' distances read faster (14.2-14.8 against 13.4-14.6; 4 threads 67.7 against
+// 62.3). A bound read only at the kernels' distance would be too low where the other is better.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +26,7 @@ namespace ncnnport {
 struct ReadProbe {
     double plain_gbps = 0.0;     // median over the runs, 1e9 bytes per second
     double prefetch_gbps = 0.0;  // the same with the kernels' software prefetch
+    double prefetch_near_gbps = 0.0;  // the same prefetching at half the kernels' distances
     std::string isa;             // "avx512", "avx2" or "scalar": the sum's registers
 };
 
