@@ -100,6 +100,11 @@ def test_the_prefetch_choice_samples_large_layers_and_changes_no_bits(check, wei
     out = run_check(check, n, 1024, "--rows", rows, "--same-input", "--bias", *WEIGHTS[weights])
     assert_within_bound(out, f"prefetch {weights}")
     assert_prefetch_decided(out["prefetch"])
+    # the distance choice samples only prefetching calls the first choice did not sample
+    distance = out["prefetch_distance"]
+    assert distance["state"] == prefetch_state_expected(distance), distance
+    if out["prefetch"]["state"] == "off":
+        assert distance["samples_on"] == distance["samples_off"] == 0, distance
     assert len({c["out_sha256"] for c in out["calls"]}) == 1
     small = run_check(check, 64, 64, "--rows", "1,1,1", *WEIGHTS[weights])
     assert {k: small["prefetch"][k] for k in ("state", "samples_on", "samples_off", "pairs_won", "first")} == \
@@ -279,8 +284,9 @@ def assert_auto_rule(auto: dict) -> None:
     assert timing["gemv_ncnn_avx512"] == ("avx512f" in cpu_flags())
     assert timing["gemv"] == kernel_label()
     assert timing["gemv_calls"] > 0
-    # the prefetch choice of each weight width: sampled pairs, and a state that follows them
-    for width, p in timing["gemv_prefetch"].items():
+    # the prefetch choice of each weight width and its distance choice: sampled pairs, and a state
+    # that follows them
+    for width, p in [*timing["gemv_prefetch"].items(), *timing["gemv_prefetch_distance"].items()]:
         assert p["state"] == prefetch_state_expected(p), (width, p)
     # every kernel call is in the weight streams' record (stream_times.h), at a positive speed
     streams = timing["weight_streams"]

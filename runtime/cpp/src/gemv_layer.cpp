@@ -58,20 +58,20 @@ GEMV_TARGET inline __m256 load8(const unsigned short* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Prefetches the cache lines of one k step (kBlock weights) kGemvPrefetchBytes ahead in the
-// stream (gemv_prefetch.h: used where measured faster on this machine). Past the end of the
-// weights it names addresses no load follows; a prefetch never faults.
+// Prefetches the cache lines of one k step (kBlock weights) `d` ahead in the stream
+// (gemv_prefetch.h: whether, and how far, is chosen on the machine). Past the end of the weights
+// it names addresses no load follows; a prefetch never faults.
 template <typename T>
-inline void prefetch_step(const T* w) { prefetch_stream_step(w, kBlock * sizeof(T)); }
+inline void prefetch_step(const T* w, PrefetchDistance d) { prefetch_stream_step(w, kBlock * sizeof(T), d.far, d.near); }
 
 // One block of 64 outputs; each output sums bias, then w[k] * x[k] in k order with one fused
 // multiply-add per term (ncnn's own order within an output).
 template <bool Prefetch, typename T>
-GEMV_TARGET void gemv_block(const T* w, const float* bias, const float* x, int K, float* out) {
+GEMV_TARGET void gemv_block(const T* w, const float* bias, const float* x, int K, float* out, PrefetchDistance d) {
     __m256 acc[kAccumulators];
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_loadu_ps(bias + i * kLanes);
     for (int k = 0; k < K; ++k) {
-        if (Prefetch) prefetch_step(w);
+        if (Prefetch) prefetch_step(w, d);
         const __m256 xk = _mm256_broadcast_ss(x + k);
         for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_fmadd_ps(load8(w + i * kLanes), xk, acc[i]);
         w += kBlock;
@@ -94,12 +94,13 @@ GEMV_TARGET_512 inline __m512 load16(const unsigned short* p) {
 // holds twice the cache lines in flight (on the device's Xeon the 8-lane copy read its weights
 // slower than ncnn's AVX-512 InnerProduct).
 template <bool Prefetch, typename T>
-GEMV_TARGET_512 void gemv_block_avx512(const T* w, const float* bias, const float* x, int K, float* out) {
+GEMV_TARGET_512 void gemv_block_avx512(const T* w, const float* bias, const float* x, int K, float* out,
+                                      PrefetchDistance d) {
     constexpr int n = kBlock / kLanes512;
     __m512 acc[n];
     for (int i = 0; i < n; ++i) acc[i] = _mm512_loadu_ps(bias + i * kLanes512);
     for (int k = 0; k < K; ++k) {
-        if (Prefetch) prefetch_step(w);
+        if (Prefetch) prefetch_step(w, d);
         const __m512 xk = _mm512_set1_ps(x[k]);
         for (int i = 0; i < n; ++i) acc[i] = _mm512_fmadd_ps(load16(w + i * kLanes512), xk, acc[i]);
         w += kBlock;
@@ -130,12 +131,13 @@ float activate(float v, int type, const ncnn::Mat& params) {
 // Block `b` of the layer: writes its valid outputs of y (streamed past the caches where `stream`:
 // output_store.h).
 template <bool Prefetch, typename T>
-void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params, bool stream) {
+void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params, bool stream,
+               PrefetchDistance d) {
     const T* w = static_cast<const T*>(pk.weights.data) + static_cast<size_t>(b) * pk.num_input * kBlock;
     const float* bias = static_cast<const float*>(pk.bias.data) + b * kBlock;
     alignas(64) float out[kBlock];
-    if (gemv_avx512()) gemv_block_avx512<Prefetch>(w, bias, x, pk.num_input, out);
-    else gemv_block<Prefetch>(w, bias, x, pk.num_input, out);
+    if (gemv_avx512()) gemv_block_avx512<Prefetch>(w, bias, x, pk.num_input, out, d);
+    else gemv_block<Prefetch>(w, bias, x, pk.num_input, out, d);
     const int o0 = b * kBlock;
     const int n = std::min(kBlock, pk.num_output - o0);
     if (act != 0)
@@ -145,21 +147,22 @@ void run_block(const Packed& pk, int b, const float* x, float* y, int act, const
 
 // y = W x + b over every block, OpenMP over blocks (ncnn's thread count).
 template <bool Prefetch, typename T>
-void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads) {
+void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads,
+                PrefetchDistance d) {
     const bool stream = stream_output(pk.num_output);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #pragma omp for schedule(static) nowait
-        for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params, stream);
+        for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params, stream, d);
         output_store_fence(stream);
     }
 }
 
 template <typename T>
 void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads,
-              bool prefetch) {
-    if (prefetch) run_blocks<true, T>(pk, x, y, act, act_params, threads);
-    else run_blocks<false, T>(pk, x, y, act, act_params, threads);
+              bool prefetch, PrefetchDistance d) {
+    if (prefetch) run_blocks<true, T>(pk, x, y, act, act_params, threads, d);
+    else run_blocks<false, T>(pk, x, y, act, act_params, threads, d);
 }
 
 // The bytes of weights one call streams.
@@ -355,13 +358,20 @@ private:
         const float* x = bottom;
         float* y = top;
         GemvPrefetchChoice& choice = gemv_prefetch_choice(pk.fp16);
+        GemvPrefetchChoice& distance = gemv_prefetch_distance_choice(pk.fp16);
         const size_t bytes = weight_bytes(pk);
         const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+        // a prefetching call the first choice does not sample samples the distance (its "prefetch":
+        // the near one); a sampled one runs the distance chosen so far
+        const GemvPrefetchChoice::Pick near = pick.prefetch && !pick.sample ? distance.pick(bytes)
+                                                                            : GemvPrefetchChoice::Pick{distance.on(), false};
+        const PrefetchDistance d = near.prefetch ? kNearPrefetch : kFarPrefetch;
         const auto t0 = std::chrono::steady_clock::now();
-        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
-        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch);
+        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
+        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
+        if (near.sample) distance.record(near.prefetch, bytes, seconds);
         gemv_stream_times(pk.fp16).add(bytes, seconds);
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;

@@ -84,6 +84,11 @@ void GemvPrefetchChoice::decide() {
     switches_ += state_ != before;
 }
 
+bool GemvPrefetchChoice::on() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return state_ == 1;
+}
+
 GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
     std::lock_guard<std::mutex> lock(mutex_);
     Report r;
@@ -109,6 +114,11 @@ nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r) {
 }
 
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
+    static GemvPrefetchChoice fp32_choice, fp16_choice;
+    return fp16 ? fp16_choice : fp32_choice;
+}
+
+GemvPrefetchChoice& gemv_prefetch_distance_choice(bool fp16) {
     static GemvPrefetchChoice fp32_choice, fp16_choice;
     return fp16 ? fp16_choice : fp32_choice;
 }

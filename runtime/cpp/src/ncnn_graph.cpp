@@ -223,6 +223,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
             {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)},
                                {"int8", int8_gemv_prefetch_json()}}},
+            {"gemv_prefetch_distance", {{"fp32", prefetch_report_json(gemv_prefetch_distance_choice(false).report())},
+                                        {"fp16", prefetch_report_json(gemv_prefetch_distance_choice(true).report())}}},
             {"weight_streams", {{"fp32", gemv_stream_times(false).json()}, {"fp16", gemv_stream_times(true).json()},
                                 {"int8", int8_gemv_stream_times().json()}}},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},

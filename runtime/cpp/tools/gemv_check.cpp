@@ -21,10 +21,13 @@
 // a difference; leakyrelu scales it by at most max(1, |slope|).
 // --same-input feeds every call the first call's input (the rows must all be equal), so the
 // outputs' hashes show whether the calls the prefetch choice alternated (gemv_prefetch.h) gave
-// the same bits; "prefetch" in the JSON is that choice for the layer's weight width.
+// the same bits; "prefetch" in the JSON is that choice for the layer's weight width, and
+// "prefetch_distance" the choice between the two distances among its prefetching calls.
 // --avx2 limits the kernel to its 8-lane copy on an AVX-512 CPU (gemv_layer_limit_to_avx2); "isa"
 // in the JSON is the copy that ran (gemv_layer_label).
 // Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
+#include "ncnnport/gemv_prefetch.h"
+
 #include <layer.h>
 #include <mat.h>
 #include <net.h>
@@ -224,7 +227,10 @@ int run_check(const Args& a) {
     }
     const nlohmann::json prefetch = ncnnport::gemv_prefetch_json(a.fp16_storage);
     std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)},
-                                {"prefetch", prefetch}, {"calls", calls}}.dump() << "\n";
+                                {"prefetch", prefetch},
+                                {"prefetch_distance", ncnnport::prefetch_report_json(
+                                                          ncnnport::gemv_prefetch_distance_choice(a.fp16_storage).report())},
+                                {"calls", calls}}.dump() << "\n";
     return 0;
 }
 

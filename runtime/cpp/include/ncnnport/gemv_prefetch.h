@@ -80,6 +80,20 @@ constexpr int kGemvPrefetchRecheckPairs = 16;         // pairs whose median rati
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
 
+// How far ahead a prefetching stream asks for its lines: into L2 (`far`), then into L1 (`near`).
+struct PrefetchDistance {
+    size_t far = kGemvPrefetchBytes;
+    size_t near = kGemvPrefetchNearBytes;
+};
+// The kernels' distances, and half of them. Why two: the best distance is the machine's. A
+// standalone copy of the fp16 gemv stream (311 MB, 1 thread, medians of 15) read 19.0 GB/s at the
+// half distances and 17.8 at the full ones on this project's 2-core Xeon VM (plain 17.1); on the
+// device's Xeon the full ones won (14.2-14.8 against 13.4-14.6; 4 threads 67.7 against 62.3). So
+// the one-row InnerProduct kernel chooses between them on the machine too
+// (gemv_prefetch_distance_choice); the int8 and attention kernels keep the full distances.
+constexpr PrefetchDistance kFarPrefetch{kGemvPrefetchBytes, kGemvPrefetchNearBytes};
+constexpr PrefetchDistance kNearPrefetch{kGemvPrefetchBytes / 2, kGemvPrefetchNearBytes / 2};
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 // The prefetching variant's requests for the `bytes` (a multiple of 64: whole cache lines) that a
 // stream reads from `at`: far ahead into L2, near ahead into L1. A prefetch never faults, so the
@@ -125,6 +139,8 @@ public:
     Pick pick(size_t weight_bytes);
     // A sampled call's read speed; decides once both variants have their samples.
     void record(bool prefetch, size_t weight_bytes, double seconds);
+    // Whether the state is "on" now (undecided: no).
+    bool on() const;
     Report report() const;
 
 private:
@@ -153,6 +169,11 @@ nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r);
 
 // The process's choice for fp16 (true) or fp32 weights.
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
+// Among the one-row InnerProduct kernel's prefetching calls of fp16 (true) or fp32 weights, the same
+// rule choosing between the distances: "plain" stands for kFarPrefetch, "prefetch" for kNearPrefetch.
+// It samples only calls that prefetch and that the first choice does not sample, so it starts once
+// prefetch is on, after its own warm-up.
+GemvPrefetchChoice& gemv_prefetch_distance_choice(bool fp16);
 // The int8 one-row kernel's choice (int8_gemv_layer.h). Its projections are 1-3 MB on Qwen3-ASR
 // (int8 weights a quarter of fp32's), past any L2 but under kGemvPrefetchMinBytes, so it samples
 // from kPastL2PrefetchMinBytes (1 MiB) on.
