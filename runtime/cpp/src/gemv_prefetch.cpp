@@ -6,11 +6,9 @@
 
 namespace ncnnport {
 
-int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off, size_t last) {
-    const size_t pairs = std::min(on.size(), off.size());
-    const size_t from = last == 0 || last >= pairs ? 0 : pairs - last;
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off) {
     int won = 0;
-    for (size_t i = from; i < pairs; ++i) won += on[i] > off[i] * (1.0 + kGemvPrefetchMargin);
+    for (size_t i = 0; i < std::min(on.size(), off.size()); ++i) won += on[i] > off[i] * (1.0 + kGemvPrefetchMargin);
     return won;
 }
 

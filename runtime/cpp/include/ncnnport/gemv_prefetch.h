@@ -160,9 +160,8 @@ private:
     int first_pairs_ = 0, first_won_ = 0, first_state_ = -1, switches_ = 0;
 };
 
-// The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin, over
-// the last `last` pairs (every pair where 0).
-int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off, size_t last = 0);
+// The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin.
+int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off);
 
 // A report as a run's JSON records it (timing.gemv_prefetch, timing.attention_prefetch).
 nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r);
