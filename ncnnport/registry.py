@@ -105,7 +105,10 @@ class CppBenchCase:
     they return ``bench_kit.ImageRun`` and the JSON has ``seconds.total`` (less
     ``seconds.load_graphs``) and ``frames``. ``info`` is merged into the row; ``fresh_dir`` is a
     folder the executable writes into and wants new or empty, emptied before every C++ run.
-    In round one the Python loop runs first: a torch callable may reuse what it computed."""
+    In round one the Python loop runs first: a torch callable may reuse what it computed.
+    ``python_logits_at`` (decode, optional): the Python loop's logits at the step that chose
+    token k, from an untimed run after the rounds; where the C++ and Python ids part, each flip is
+    reported with the Python loop's top-2 margin there."""
 
     label: str
     kind: str
@@ -114,6 +117,7 @@ class CppBenchCase:
     torch: Callable[[], Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     fresh_dir: Path | None = None
+    python_logits_at: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CPP_BENCH_KINDS:

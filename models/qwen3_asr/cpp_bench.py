@@ -70,8 +70,17 @@ class Qwen3AsrBench:
             gen = self.asr.pipeline.generate(ids, encoded["audio_embeds"], new_tokens, on_token=on_token)
             return decode_from_stamps("python", int(ids.size), gen.tokens, stamps, gen.stopped_by_eos)
 
+        def python_logits_at(k: int) -> np.ndarray:
+            from ncnnport.models.qwen3_asr import features as F
+            from ncnnport.models.qwen3_asr.prompt import audio_token_count
+
+            feats = F.extract_features(wave)
+            ids = self.asr.prompt_ids(audio_token_count(int(feats.mask.sum())), None)
+            encoded = self.asr.pipeline.encode(feats.features, feats.mask)
+            return self.asr.pipeline.generate(ids, encoded["audio_embeds"], k + 1, keep_logits=True).step_logits[k]
+
         return CppBenchCase(f"P={prompt}", "decode", argv, python, self.torch_call(fused, new_tokens),
-                            {"audio_seconds": n / 16000.0, "input": str(wav)})
+                            {"audio_seconds": n / 16000.0, "input": str(wav)}, python_logits_at=python_logits_at)
 
     def torch_call(self, fused: dict[str, Any], new_tokens: int) -> Callable[[], DecodeRun]:
         """transformers' text decoder + head on the Python loop's own prompt embeddings (its

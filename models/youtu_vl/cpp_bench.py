@@ -80,8 +80,16 @@ class YoutuVlBench:
             eos = len(got) < new_tokens
             return decode_from_stamps("python", int(ids.size), got, stamps, eos)
 
+        def python_logits_at(k: int) -> np.ndarray:
+            from ncnnport.models.youtu_vl.pipeline import generate
+
+            try:
+                return generate(self.modules, self.cfg, ids, None, k + 1, keep_logits=True).step_logits[k]
+            finally:
+                self.modules.release_all()
+
         return CppBenchCase(f"P={prompt}", "decode", argv, python, self.torch_call(ids, new_tokens),
-                            {"prompt_text_words": len(text.split())})
+                            {"prompt_text_words": len(text.split())}, python_logits_at=python_logits_at)
 
     def torch_call(self, ids: np.ndarray, new_tokens: int) -> Callable[[], DecodeRun]:
         """transformers' ``YoutuForCausalLM`` eager on the same ids with a DynamicCache. The

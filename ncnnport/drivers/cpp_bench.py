@@ -530,6 +530,8 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
         runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
                                 rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
         row = case_row(case, {k: runs[k] for k in RUNTIMES if k in runs}, new_tokens)
+        if case.kind == "decode":
+            add_flip_margins(row, runs, case.python_logits_at)
         for name, values in peaks.items():
             row[name]["peak_rss_mb"] = spread([mb(v) for v in values])
         rows.append(row)
@@ -686,12 +688,44 @@ def _ratio(r: Mapping[str, Any] | None) -> str:
     return "-" if r is None else f"{r['median']:.2f}x [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
 
 
+def add_flip_margins(row: dict[str, Any], runs: Mapping[str, Sequence[DecodeRun]],
+                     python_logits_at: Callable[[int], Any] | None) -> None:
+    """Each round's first differing token with the Python loop's logits there (from
+    ``python_logits_at``, untimed, once per position): its top-2 margin, its margin over the
+    token the C++ loop took, and the logits' scale (max |logit|). Why: a flip on a near tie is a
+    roundoff matter, one on a clear margin a bug, and the ids alone cannot say which."""
+    if python_logits_at is None:
+        return
+    logits: dict[int, np.ndarray] = {}
+    for m in row.get("id_mismatches", []):
+        k = m["first_difference"]
+        cpp_ids, py_ids = runs["cpp"][m["round"]].token_ids, runs["python"][m["round"]].token_ids
+        if not isinstance(k, int) or k >= min(len(cpp_ids), len(py_ids)):
+            continue  # the prompts differ, or one loop stopped earlier
+        if k not in logits:
+            logits[k] = np.asarray(python_logits_at(k), dtype=np.float64).ravel()
+        at = logits[k]
+        first, second = np.argsort(at)[-2:][::-1]
+        m["python_top2_margin"] = float(at[first] - at[second])
+        m["python_margin_over_cpp_token"] = float(at[py_ids[k]] - at[cpp_ids[k]])
+        m["python_logit_scale"] = float(np.abs(at).max())
+        m["cpp_took_python_runner_up"] = int(second) == int(cpp_ids[k])
+
+
 def ids_cell(row: Mapping[str, Any]) -> str:
-    """"yes", or "NO" with the first differing token of each round that differed."""
+    """"yes", or "NO" with the first differing token of each round that differed and, where the
+    Python loop's logits there were taken, its top-2 margin."""
     if row["ids_cpp_equal_python"]:
         return "yes"
-    firsts = sorted({str(m["first_difference"]) for m in row.get("id_mismatches", [])})
-    return f"NO (from token {', '.join(firsts)})" if firsts else "NO"
+    firsts: dict[str, str] = {}
+    for m in row.get("id_mismatches", []):
+        text = str(m["first_difference"])
+        if "python_top2_margin" in m:
+            took = "the runner-up" if m["cpp_took_python_runner_up"] else "a lower token"
+            text += (f": Python top-2 margin {m['python_top2_margin']:.2g} of logits up to "
+                     f"{m['python_logit_scale']:.2g}, C++ took {took}")
+        firsts.setdefault(str(m["first_difference"]), text)
+    return f"NO (from token {'; '.join(firsts[k] for k in sorted(firsts))})" if firsts else "NO"
 
 
 def peak_rss_line(row: Mapping[str, Any]) -> str:

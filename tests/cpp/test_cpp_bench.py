@@ -227,6 +227,33 @@ def test_a_differing_id_or_a_large_overhead_is_reported():
     assert not cpp_bench.decode_row("P=100", short, new_tokens=3)["forced_length"]
 
 
+def test_a_flip_is_reported_with_the_python_loops_top2_margin_there():
+    """Where the ids part, the Python loop's logits at that step (asked once per position) give
+    the flip's top-2 margin, the margin over the C++ token and the logits' scale, in the JSON and
+    in the ids cell; without the hook the cell names the position alone."""
+    cpp_ids, py_ids = [5, 6, 7, 9], [5, 6, 7, 8]
+    runs = {"cpp": [run("cpp", cpp_ids, 0.3, 0.29)] * 2, "python": [run("python", py_ids, 0.45)] * 2}
+    row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    asked = []
+
+    def logits_at(k: int) -> np.ndarray:
+        asked.append(k)
+        out = np.zeros(12, dtype=np.float32)
+        out[8], out[9], out[3] = 6.5, 6.4985, -7.0  # Python's 8 over C++'s 9 by 0.0015
+        return out
+
+    cpp_bench.add_flip_margins(row, runs, logits_at)
+    assert asked == [3]  # once for both rounds
+    m = row["id_mismatches"][0]
+    assert m["python_top2_margin"] == pytest.approx(0.0015, abs=1e-6)
+    assert m["python_margin_over_cpp_token"] == pytest.approx(0.0015, abs=1e-6)
+    assert m["python_logit_scale"] == pytest.approx(7.0) and m["cpp_took_python_runner_up"]
+    assert cpp_bench.ids_cell(row) == "NO (from token 3: Python top-2 margin 0.0015 of logits up to 7, C++ took the runner-up)"
+    plain = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_flip_margins(plain, runs, None)
+    assert cpp_bench.ids_cell(plain) == "NO (from token 3)"
+
+
 def test_a_different_prompt_length_is_a_mismatch():
     runs = {"cpp": [run("cpp", [1, 2], 0.2, 0.19, prompt=100)], "python": [run("python", [1, 2], prompt=99)]}
     assert not cpp_bench.decode_row("P=100", runs, new_tokens=2)["ids_cpp_equal_python"]
