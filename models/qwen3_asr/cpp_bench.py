@@ -58,26 +58,25 @@ class Qwen3AsrBench:
                 "--max-new-tokens", str(new_tokens), "--no-check"]
         fused: dict[str, Any] = {}
 
-        def python() -> DecodeRun:
+        def encoded_prompt() -> tuple[np.ndarray, np.ndarray]:
+            """The Python loop's prompt ids and audio embeddings for the WAV (its features and encoder)."""
             from ncnnport.models.qwen3_asr import features as F
             from ncnnport.models.qwen3_asr.prompt import audio_token_count
 
             feats = F.extract_features(wave)
             ids = self.asr.prompt_ids(audio_token_count(int(feats.mask.sum())), None)
-            encoded = self.asr.pipeline.encode(feats.features, feats.mask)
-            fused["embeds"] = self.asr.pipeline.embed_prompt(ids, encoded["audio_embeds"])
+            return ids, self.asr.pipeline.encode(feats.features, feats.mask)["audio_embeds"]
+
+        def python() -> DecodeRun:
+            ids, audio_embeds = encoded_prompt()
+            fused["embeds"] = self.asr.pipeline.embed_prompt(ids, audio_embeds)
             stamps, on_token = timestamps_per_token()
-            gen = self.asr.pipeline.generate(ids, encoded["audio_embeds"], new_tokens, on_token=on_token)
+            gen = self.asr.pipeline.generate(ids, audio_embeds, new_tokens, on_token=on_token)
             return decode_from_stamps("python", int(ids.size), gen.tokens, stamps, gen.stopped_by_eos)
 
         def python_logits_at(k: int) -> np.ndarray:
-            from ncnnport.models.qwen3_asr import features as F
-            from ncnnport.models.qwen3_asr.prompt import audio_token_count
-
-            feats = F.extract_features(wave)
-            ids = self.asr.prompt_ids(audio_token_count(int(feats.mask.sum())), None)
-            encoded = self.asr.pipeline.encode(feats.features, feats.mask)
-            return self.asr.pipeline.generate(ids, encoded["audio_embeds"], k + 1, keep_logits=True).step_logits[k]
+            ids, audio_embeds = encoded_prompt()
+            return self.asr.pipeline.generate(ids, audio_embeds, k + 1, keep_logits=True).step_logits[k]
 
         return CppBenchCase(f"P={prompt}", "decode", argv, python, self.torch_call(fused, new_tokens),
                             {"audio_seconds": n / 16000.0, "input": str(wav)}, python_logits_at=python_logits_at)

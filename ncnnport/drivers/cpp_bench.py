@@ -705,7 +705,14 @@ def add_flip_margins(row: dict[str, Any], runs: Mapping[str, Sequence[DecodeRun]
         if k not in logits:
             logits[k] = np.asarray(python_logits_at(k), dtype=np.float64).ravel()
         at = logits[k]
+        if at.size < 2 or max(cpp_ids[k], py_ids[k]) >= at.size:
+            raise BenchError(f"bench-cpp {row['case']}: the Python loop's logits at token {k} have {at.size} "
+                             f"values; the ids there are {py_ids[k]} (Python) and {cpp_ids[k]} (C++)")
         first, second = np.argsort(at)[-2:][::-1]
+        if int(first) != int(py_ids[k]):
+            # the untimed run did not repeat the timed one: its margin would not be this flip's
+            m["python_rerun_argmax"] = int(first)
+            continue
         m["python_top2_margin"] = float(at[first] - at[second])
         m["python_margin_over_cpp_token"] = float(at[py_ids[k]] - at[cpp_ids[k]])
         m["python_logit_scale"] = float(np.abs(at).max())
@@ -720,7 +727,9 @@ def ids_cell(row: Mapping[str, Any]) -> str:
     firsts: dict[str, str] = {}
     for m in row.get("id_mismatches", []):
         text = str(m["first_difference"])
-        if "python_top2_margin" in m:
+        if "python_rerun_argmax" in m:
+            text += f": the Python loop's rerun chose {m['python_rerun_argmax']} there, not its timed run's token"
+        elif "python_top2_margin" in m:
             took = "the runner-up" if m["cpp_took_python_runner_up"] else "a lower token"
             text += (f": Python top-2 margin {m['python_top2_margin']:.2g} of logits up to "
                      f"{m['python_logit_scale']:.2g}, C++ took {took}")

@@ -252,6 +252,15 @@ def test_a_flip_is_reported_with_the_python_loops_top2_margin_there():
     plain = cpp_bench.decode_row("P=100", runs, new_tokens=4)
     cpp_bench.add_flip_margins(plain, runs, None)
     assert cpp_bench.ids_cell(plain) == "NO (from token 3)"
+    # a rerun that does not repeat the timed run's token there gives no margin, and says so
+    other = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    cpp_bench.add_flip_margins(other, runs, lambda k: np.eye(12)[9])
+    assert "python_top2_margin" not in other["id_mismatches"][0]
+    assert cpp_bench.ids_cell(other) == "NO (from token 3: the Python loop's rerun chose 9 there, not its timed run's token)"
+    # logits too short for the ids are refused, naming the row and the token
+    short = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+    with pytest.raises(cpp_bench.BenchError, match="P=100: the Python loop's logits at token 3 have 5 values"):
+        cpp_bench.add_flip_margins(short, runs, lambda k: np.zeros(5))
 
 
 def test_a_different_prompt_length_is_a_mismatch():
