@@ -108,7 +108,9 @@ class CppBenchCase:
     In round one the Python loop runs first: a torch callable may reuse what it computed.
     ``python_logits_at`` (decode, optional): the Python loop's logits at the step that chose
     token k, from an untimed run after the rounds; where the C++ and Python ids part, each flip is
-    reported with the Python loop's top-2 margin there."""
+    reported with the Python loop's top-2 margin there. ``logits_stage``: the policy stage whose
+    gate holds the pipeline's logits (its propagated budget judges such a flip in a precision whose
+    policy judges tokens teacher-forced: ncnnport/drivers/cpp_bench.py ``ids_gate``)."""
 
     label: str
     kind: str
@@ -118,6 +120,7 @@ class CppBenchCase:
     info: dict[str, Any] = field(default_factory=dict)
     fresh_dir: Path | None = None
     python_logits_at: Callable[[int], Any] | None = None
+    logits_stage: str = "logits"
 
     def __post_init__(self) -> None:
         if self.kind not in CPP_BENCH_KINDS:

@@ -89,7 +89,8 @@ class YoutuVlBench:
                 self.modules.release_all()
 
         return CppBenchCase(f"P={prompt}", "decode", argv, python, self.torch_call(ids, new_tokens),
-                            {"prompt_text_words": len(text.split())}, python_logits_at=python_logits_at)
+                            {"prompt_text_words": len(text.split())}, python_logits_at=python_logits_at,
+                            logits_stage="last_logits")
 
     def torch_call(self, ids: np.ndarray, new_tokens: int) -> Callable[[], DecodeRun]:
         """transformers' ``YoutuForCausalLM`` eager on the same ids with a DynamicCache. The

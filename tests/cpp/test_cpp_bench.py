@@ -263,6 +263,54 @@ def test_a_flip_is_reported_with_the_python_loops_top2_margin_there():
         cpp_bench.add_flip_margins(short, runs, lambda k: np.zeros(5))
 
 
+def test_a_flip_is_judged_as_the_models_policy_judges_tokens_in_the_precision():
+    """fp32 (the policy's tokens exact): any flip fails the row. fp16 (teacher-forced): a flip on a
+    near tie passes, the bound being 2 x the policy's derived propagated logits budget at the
+    logits' scale (qwen3-asr: margin 2 x kappa 56 x 2^-11 relative); a clear margin, or a flip without a
+    margin, still fails."""
+    from ncnnport.parity.policy import Policy
+
+    policy = Policy.load(ROOT / "models" / "qwen3_asr" / "policy.json")
+    assert cpp_bench.ids_gate(policy, "fp32", False, "logits")["tokens"] == "exact"
+    gate = cpp_bench.ids_gate(policy, "fp16-storage", False, "logits")
+    assert gate["tokens"] == "near_tie" and gate["mode"] == "fp16"
+    assert gate["max_abs_rel"] == pytest.approx(2 * 56 * 2.0 ** -11)
+    assert cpp_bench.ids_gate(policy, "fp32", True, "logits")["mode"] == "vulkan_fp32"  # teacher-forced there
+    assert cpp_bench.ids_gate(None, "fp16-storage", False, "logits")["tokens"] == "exact"
+
+    runs = {"cpp": [run("cpp", [5, 6, 7, 9], 0.3, 0.29)] * 2, "python": [run("python", [5, 6, 7, 8], 0.45)] * 2}
+
+    def judged(second: float, precision: str, logits: bool = True) -> dict:
+        row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
+        top = np.zeros(12, dtype=np.float32)
+        top[8], top[9], top[3] = 6.5, second, -7.0
+        cpp_bench.add_flip_margins(row, runs, (lambda k: top) if logits else None)
+        cpp_bench.judge_flips(row, cpp_bench.ids_gate(policy, precision, False, "logits"))
+        return row
+
+    near = judged(6.4985, "fp16-storage")
+    bound = 2 * (2 * 56 * 2.0 ** -11) * 7.0  # the near-tie factor x (margin x kappa x u) x scale
+    assert near["ids_passed"] and near["id_mismatches"][0]["verdict"] == "near-tie"
+    assert near["id_mismatches"][0]["near_tie_bound"] == pytest.approx(bound)
+    assert cpp_bench.ids_cell(near) == ("NO (from token 3: Python top-2 margin 0.0015 of logits up to 7, C++ took "
+                                        "the runner-up; a near tie, within 0.77), passed as near ties")
+    assert cpp_bench.near_tie_lines([near]) == [
+        "", "ids: the model's policy judges fp16 tokens teacher-forced, so a C++/Python flip passes on a near tie: "
+            "the Python loop's top-2 margin there at most 2 x its logits gate (0.0547 x the logits' max |value|, "
+            "derived from the mode's roundoff: parity/budgets.py)."]
+    clear = judged(6.5 - 1.2 * bound, "fp16-storage")
+    assert not clear["ids_passed"] and clear["id_mismatches"][0]["verdict"] == "hard failure"
+    assert cpp_bench.ids_cell(clear).endswith("C++ took the runner-up; NOT a near tie, over 0.77)")
+    exact = judged(6.4985, "fp32")
+    assert not exact["ids_passed"] and exact["id_mismatches"][0]["verdict"] == "hard failure"
+    assert not judged(6.4985, "fp16-storage", logits=False)["ids_passed"]
+    same = cpp_bench.decode_row("P=100", {"cpp": [run("cpp", [5, 6, 7, 8], 0.3, 0.29)], "python": runs["python"][:1]},
+                                new_tokens=4)
+    cpp_bench.judge_flips(same, cpp_bench.ids_gate(policy, "fp32", False, "logits"))
+    assert same["ids_passed"] and cpp_bench.ids_cell(same) == "yes"
+    assert cpp_bench.near_tie_lines([same]) == []
+
+
 def test_a_different_prompt_length_is_a_mismatch():
     runs = {"cpp": [run("cpp", [1, 2], 0.2, 0.19, prompt=100)], "python": [run("python", [1, 2], prompt=99)]}
     assert not cpp_bench.decode_row("P=100", runs, new_tokens=2)["ids_cpp_equal_python"]
