@@ -76,6 +76,9 @@ from ncnnport.runtime.perf_timing import ratio_estimate
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
 
+# The largest buffer the bound's reads sweep (probe_bytes): past the last-level cache the read
+# speed no longer depends on the size.
+PROBE_MAX_BYTES = 1 << 30
 OVERHEAD_TARGET = 0.05  # issue 13: the C++ loop's host time <= 5 % of its decode time
 BOUND_TARGET = 85.0  # issue 17: a decoded token at >= 85 % of the memory-bandwidth bound
 RUNTIMES = ("cpp", "python", "torch")
@@ -360,7 +363,8 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
 
 def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: float | None,
               precision: str = "fp32", fp32_weight_bytes: int | None = None,
-              kv_bytes_per_position: int | None = None, python_kv_bytes_per_position: int | None = None) -> None:
+              kv_bytes_per_position: int | None = None, python_kv_bytes_per_position: int | None = None,
+              fp32_read_gbps: float | None = None) -> None:
     """Each decode runtime's per-token ms as a percentage of the bandwidth bound
     (``torch_ratio.bound_row``, bench-perf's rule): the weights one token reads (layers, final
     norm, head) over the read bandwidth measured in the same run (``bench_bandwidth``: the fastest
@@ -368,7 +372,9 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
     ``bench_bytes`` under ``precision`` (InnerProduct weights at
     ``Precision.inner_product_weight_bytes``, the rest at 4); torch eager runs fp32 and is judged
     against the fp32 bytes (``fp32_weight_bytes``, default the same), never against a bound it
-    never had to meet. Nothing when the bytes or the bandwidth are unknown.
+    never had to meet, and at ``fp32_read_gbps`` where given (the read over a buffer of the fp32
+    bytes: ``probe_bytes``; default ``read_gbps``). Nothing when the bytes or the bandwidth are
+    unknown.
 
     With ``kv_bytes_per_position`` (the K/V cache bytes of one position over every layer, at the
     C++ cache's width under ``precision``, or, where the executable's JSON said what its cache
@@ -385,9 +391,10 @@ def add_bound(row: dict[str, Any], token_weight_bytes: int | None, read_gbps: fl
         return
     nbytes, fp32 = {"weights": int(token_weight_bytes)}, {"weights": int(fp32_weight_bytes or token_weight_bytes)}
     median = {name: row[name]["per_token_ms"]["median"] for name in RUNTIMES if name in row}
-    cpp = bound_row(median["cpp"], nbytes, read_gbps, {"torch": median.get("torch")}, fp32)
+    cpp = bound_row(median["cpp"], nbytes, read_gbps, {"torch": median.get("torch")}, fp32, fp32_read_gbps)
     row["bound"] = {"token_weight_bytes": nbytes["weights"], "fp32_weight_bytes": fp32["weights"],
-                    "read_gbps": read_gbps, "bound_ms": cpp["bound_weights_ms"],
+                    "read_gbps": read_gbps, "fp32_read_gbps": fp32_read_gbps or read_gbps,
+                    "bound_ms": cpp["bound_weights_ms"],
                     "fp32_bound_ms": cpp["fp32_bound_weights_ms"], "target_pct": BOUND_TARGET,
                     "precision": precision, "inner_product_weight_bytes": get(precision).inner_product_weight_bytes}
     row["cpp"]["pct_of_bound"] = cpp["ncnn_pct_of_bound"]
@@ -567,9 +574,23 @@ def kv_bytes_per_position(prep: Any, precision: str = "fp32") -> int | None:
     return int(two["kv_cache"]) - int(one["kv_cache"]) or None
 
 
-def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None]) -> dict[str, float] | None:
-    """The C++ runtime's own read of the machine (``ncnnport-cpp read-bandwidth``, read_probe.h:
-    a vector sum over 256 MiB, plain, with the one-row kernels' software prefetch and with it at
+def probe_bytes(nbytes: int) -> int:
+    """The buffer the bound's reads sweep for a token that reads ``nbytes``: the same bytes, whole
+    MiB, at most ``PROBE_MAX_BYTES``. Why the token's own size: the last-level cache can hold a
+    fixed 256 MiB buffer (this project's 2-core Xeon reports a 480 MiB L3: one thread read 64 MiB at
+    29 GB/s, 256 MiB at 21, 417 MiB at 19.7, 834 MiB-2 GiB at 17.5-17.8), so a fixed buffer measured
+    another mix of cache and DRAM than the token's own weights meet, and the bound moved with the
+    precision for no reason of the port's: too high for a token larger than the buffer (fp32, fp16),
+    too low for a smaller one (int8). Swept cyclically, a buffer of the token's size meets the cache
+    as the decode loop's weights do, step after step. Capped: past the cache the speed no longer
+    depends on the size (1 and 2 GiB read alike), and the reductions hold three such arrays."""
+    return max(1 << 20, min(int(nbytes), PROBE_MAX_BYTES) >> 20 << 20)
+
+
+def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None],
+                   nbytes: int = 256 << 20) -> dict[str, float] | None:
+    """The C++ runtime's own read of the machine (``ncnnport-cpp read-bandwidth --mib``, read_probe.h:
+    a vector sum over ``nbytes`` (whole MiB), plain, with the one-row kernels' software prefetch and with it at
     half their distances) at the
     run's thread count, from the build the executable came from; None, said in the log, where
     that build has no ``ncnnport-cpp``."""
@@ -577,7 +598,8 @@ def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None]) -> d
     if not probe.is_file():
         log(f"bench-cpp: {probe} not found: the bound's read bandwidth is the Python reductions' alone")
         return None
-    done = subprocess.run([str(probe), "read-bandwidth", "--threads", str(threads)], capture_output=True, text=True,
+    done = subprocess.run([str(probe), "read-bandwidth", "--threads", str(threads), "--mib", str(max(1, nbytes >> 20))],
+                          capture_output=True, text=True,
                           timeout=600, check=False)
     try:
         out = json.loads(done.stdout) if done.returncode == 0 else None
@@ -590,19 +612,33 @@ def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None]) -> d
         raise BenchError(f"bench-cpp: {probe.name} read-bandwidth gave no reading: {last}") from None
 
 
-def bench_bandwidth(exe: Path, threads: int, log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """The bound's read bandwidth: ``torch_ratio.read_bandwidth`` (numpy and torch reductions)
-    and the C++ probe's two reads beside the executable; ``read_gbps`` is the fastest of them all
-    and ``read_by`` names it. Why the probe: the Python reductions never prefetch in software, and
-    on the device's Xeon the fp16 kernel, prefetching, read faster than the fastest of them (the
-    token at 103 % of the bound); a bound a runtime exceeds was measured too low."""
-    out: dict[str, Any] = dict(read_bandwidth())
-    out.update(cpp_read_probe(exe.parent, threads, log) or {})
+def bench_bandwidth(exe: Path, threads: int, log: Callable[[str], None] = lambda _m: None,
+                    nbytes: int = 256 << 20) -> dict[str, Any]:
+    """The bound's read bandwidth for a token of ``nbytes``: ``torch_ratio.read_bandwidth`` (numpy
+    and torch reductions) and the C++ probe's three reads beside the executable, all over
+    ``probe_bytes(nbytes)`` (``probe_bytes`` says why the token's size); ``read_gbps`` is the
+    fastest of them all and ``read_by`` names it. Why the probe: the Python reductions never
+    prefetch in software, and on the device's Xeon the fp16 kernel, prefetching, read faster than
+    the fastest of them (the token at 103 % of the bound); a bound a runtime exceeds was measured
+    too low."""
+    size = probe_bytes(nbytes)
+    out: dict[str, Any] = dict(read_bandwidth(size))
+    out["probe_bytes"] = size
+    out.update(cpp_read_probe(exe.parent, threads, log, size) or {})
     reads = {k[:-len("_gbps")]: v for k, v in out.items() if k.endswith("_gbps") and k not in ("copy_gbps", "read_gbps")}
     if reads:
         out["read_by"] = max(reads, key=reads.get)
         out["read_gbps"] = max(out["read_gbps"], reads[out["read_by"]])
     return out
+
+
+def bracketing_bandwidth(exe: Path, threads: int, log: Callable[[str], None],
+                         nbytes: int) -> Callable[[], dict[str, Any]]:
+    """A bandwidth measured now for a token of ``nbytes``; the returned callable measures it again
+    (after the rounds) and gives the faster of the two: the bound is what the machine can read, so
+    a load that slowed one measurement must not lower it (and flatter the rows)."""
+    before = bench_bandwidth(exe, threads, log, nbytes)
+    return lambda: max(before, bench_bandwidth(exe, threads, log, nbytes), key=lambda b: b["read_gbps"])
 
 
 def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 16, rounds: int = 3,
@@ -628,16 +664,21 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
         with tempfile.TemporaryDirectory(prefix="ncnnport-bench-cpp-") as tmp:
             ctx = BenchContext(prep.loaded, Path(package), Path(tmp), threads, vulkan, torch_device, precision, huge_pages)
             cases = prep.port.cpp_bench_cases(ctx, [int(s) for s in sizes], new_tokens)
-            before = bench_bandwidth(exe, threads, log) if token_bytes else None
+            # the ncnn loops' bound over a buffer of their token's bytes, torch's over its fp32 bytes
+            # where those differ (probe_bytes: the cache meets each as it meets that token)
+            ncnn_read = bracketing_bandwidth(exe, threads, log, token_bytes) if token_bytes else None
+            torch_read = (bracketing_bandwidth(exe, threads, log, fp32_bytes)
+                          if torch and token_bytes and fp32_bytes and probe_bytes(fp32_bytes) != probe_bytes(token_bytes)
+                          else None)
             rows, kinds = bench_cases(cases, exe, Path(tmp) / "out.json", rounds, torch, log, model, new_tokens,
                                       vulkan, precision, huge_pages, getattr(prep, "policy", None))
-            # the faster of a measurement before and after the rounds: the bound is what the machine
-            # can read, so a load that slowed one measurement must not lower it (and flatter the rows)
-            bandwidth = max(before, bench_bandwidth(exe, threads, log), key=lambda b: b["read_gbps"]) if before else None
+            bandwidth = ncnn_read() if ncnn_read else None
+            torch_bandwidth = torch_read() if torch_read else None
             for row in rows:
                 if "per_token_ms" in row.get("cpp", {}):
                     add_bound(row, token_bytes, bandwidth and bandwidth["read_gbps"], precision, fp32_bytes,
-                              kv_per_position, python_kv_per_position)
+                              kv_per_position, python_kv_per_position,
+                              torch_bandwidth and torch_bandwidth["read_gbps"])
     finally:
         restore_threads()
     return {"schema": SCHEMA, "model": model, "package": str(package), "executable": str(exe),
@@ -646,7 +687,7 @@ def run_bench(prep: Any, package: Path, sizes: Sequence[int], new_tokens: int = 
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "reference_released": released, "backend": "vulkan" if vulkan else "cpu",
             "precision": precision, "precision_flags": precision_flags(precision), "huge_pages": huge_pages,
-            "bandwidth": bandwidth,
+            "bandwidth": bandwidth, "torch_bandwidth": torch_bandwidth,
             "vulkan_device": device_record() if vulkan else None, "torch_device": torch_device,
             "torch_device_name": torch_device_name(torch_device) if torch else None,
             "ids_gated": precision not in IDS_NOT_GATED, "flatness": flatness(rows),
@@ -890,12 +931,16 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
     width = b.get("inner_product_weight_bytes", 4)
     weights = ("fp32 weights" if width == 4 else
                f"weights ({b['precision']}: InnerProduct weights at {width} bytes, the rest at 4)")
+    fp32_gbps = b.get("fp32_read_gbps", b["read_gbps"])
     torch_bound = ("" if b.get("fp32_weight_bytes", b["token_weight_bytes"]) == b["token_weight_bytes"] else
-                   f" Torch (fp32) against its own: {b['fp32_weight_bytes'] / 1e6:.0f} MB = "
-                   f"{b['fp32_bound_ms']:.2f} ms.")
+                   f" Torch (fp32) against its own: {b['fp32_weight_bytes'] / 1e6:.0f} MB"
+                   + ("" if fp32_gbps == b["read_gbps"] else
+                      f" at {fp32_gbps:.1f} GB/s{probe_text(report.get('torch_bandwidth'))}")
+                   + f" = {b['fp32_bound_ms']:.2f} ms.")
     lines = ["", f"Bandwidth bound: {b['token_weight_bytes'] / 1e6:.0f} MB of {weights} per token (layers, "
              f"final norm, head) at {b['read_gbps']:.1f} GB/s read bandwidth (measured in this run, "
-             f"{report['threads']} thread(s){read_by(report)}) = {b['bound_ms']:.2f} ms per token.{torch_bound}", "",
+             f"{report['threads']} thread(s){read_by(report)}{probe_text(report.get('bandwidth'))}) = "
+             f"{b['bound_ms']:.2f} ms per token.{torch_bound}", "",
              "| case | C++ % of bound | Python ncnn % of bound | torch % of bound | target: C++ token >= 85 % "
              "| K/V cache MB (mean length) | C++ % incl. K/V | Python % incl. K/V |",
              "|---|---|---|---|---|---|---|---|"]
@@ -958,6 +1003,12 @@ def devices_text(report: Mapping[str, Any]) -> str:
         name = report.get("torch_device_name")
         parts.append(f"torch on {device}" + (f" ({name})" if name else ""))
     return "; ".join(parts)
+
+
+def probe_text(bandwidth: Mapping[str, Any] | None) -> str:
+    """", over N MiB" for a read over a buffer of the token's size (``probe_bytes``), or nothing."""
+    size = (bandwidth or {}).get("probe_bytes")
+    return f", over {mib_text(int(size))} MiB" if size else ""
 
 
 def read_by(report: Mapping[str, Any]) -> str:

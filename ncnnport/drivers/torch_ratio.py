@@ -88,21 +88,23 @@ def huge_pages_malloc() -> bool:
 
 def bound_row(ncnn_ms: float, nbytes: dict[str, int] | None, bandwidth_gbps: float,
               fp32_runtimes: dict[str, float | None] | None = None,
-              fp32_nbytes: dict[str, int] | None = None) -> dict[str, Any]:
+              fp32_nbytes: dict[str, int] | None = None,
+              fp32_bandwidth_gbps: float | None = None) -> dict[str, Any]:
     """Bound columns for one timed stage: bytes per call, the bound in ms (weights only and
     weights + K/V cache) and each runtime's percentage of it (100% = at the bandwidth limit).
 
     ``nbytes`` is what ncnn reads under its precision; the fp32 runtimes (torch, ONNX Runtime:
     ``{"torch": ms, "ort": ms}``) are judged against the bound of the fp32 bytes they read
     (``fp32_nbytes``, default ``nbytes``), so a reduced-precision run does not report torch at a
-    fraction of a bound it never had to meet."""
+    fraction of a bound it never had to meet, at ``fp32_bandwidth_gbps`` where given (a read
+    over a buffer of their size; default ``bandwidth_gbps``)."""
     if not nbytes:
         return {}
     weights = int(nbytes.get("weights", 0))
     total = weights + int(nbytes.get("kv_cache", 0))
     bound_w = weights / (bandwidth_gbps * 1e9) * 1e3
     bound_all = total / (bandwidth_gbps * 1e9) * 1e3
-    fp32_w = int((fp32_nbytes or nbytes).get("weights", 0)) / (bandwidth_gbps * 1e9) * 1e3
+    fp32_w = int((fp32_nbytes or nbytes).get("weights", 0)) / ((fp32_bandwidth_gbps or bandwidth_gbps) * 1e9) * 1e3
     row = {"weight_bytes": weights, "kv_bytes": total - weights, "bound_weights_ms": bound_w,
            "bound_ms": bound_all, "fp32_bound_weights_ms": fp32_w, "ncnn_pct_of_bound": 100 * bound_w / ncnn_ms,
            "ncnn_pct_of_bound_with_kv": 100 * bound_all / ncnn_ms}

@@ -667,9 +667,17 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
         asked.append((stage, size, precision))
         return {"weights": 2_000_000_000 if precision == "fp32" else 1_000_000_000, "kv_cache": 1000 * int(size)}
     monkeypatch.setattr(port, "bench_bytes", bench_bytes, raising=False)
-    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    swept: list[int] = []
+
+    def read_bandwidth(size: int) -> dict:
+        swept.append(size)
+        return {"read_gbps": 10.0 if size >= 1 << 30 else 20.0}  # a larger buffer meets less cache
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", read_bandwidth)
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
                                  log=lambda _m: None, precision="fp16-storage")
+    # the ncnn loops' bound over a buffer of their token's bytes, torch's over its own (capped at
+    # 1 GiB), each measured before and after the rounds
+    assert swept == [953 << 20, 1 << 30, 953 << 20, 1 << 30]
     assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7", "--precision", "fp16-storage"]] * 2
     # the ncnn loops' bytes under the precision, torch's fp32 bytes for its own bound, and the
     # cache bytes one position adds under the precision (the C++ rows' width; lengths 2 and 1
@@ -682,6 +690,10 @@ def test_a_precision_reaches_the_executable_the_python_graphs_and_the_bound(fake
     assert row["bound"]["token_weight_bytes"] == 1_000_000_000 and row["bound"]["inner_product_weight_bytes"] == 2
     assert row["bound"]["fp32_weight_bytes"] == 2_000_000_000
     assert row["bound"]["bound_ms"] == pytest.approx(50.0)
+    assert row["bound"]["fp32_read_gbps"] == 10.0 and row["bound"]["fp32_bound_ms"] == pytest.approx(200.0)
+    assert report["torch_bandwidth"]["probe_bytes"] == 1 << 30 and report["bandwidth"]["probe_bytes"] == 953 << 20
+    assert ("Torch (fp32) against its own: 2000 MB at 10.0 GB/s, over 1024 MiB = 200.00 ms."
+            in cpp_bench.markdown(report, "machine: x"))
     assert report["precision"] == "fp16-storage" and report["precision_flags"]["fp16_storage"]
     assert not any(v for k, v in report["precision_flags"].items() if k != "fp16_storage")
     assert cpp_bench.report_stem(report) == "fake-bench-fp16-storage" and report["passed"]
@@ -699,31 +711,41 @@ def test_the_bound_takes_the_fastest_read_the_cpp_probe_included(fake_models, tm
     kernels' distances and half of them); the bound is the fastest, named in the JSON and the
     table; the probe runs at the bench's thread count."""
     port = fake_models["fake-bench"]
-    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 20.0, "copy_gbps": 40.0, "read_gbps": 20.0})
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda _size: {"numpy_dot_gbps": 20.0, "copy_gbps": 40.0, "read_gbps": 20.0})
     monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32": {"weights": 1_000_000_000},
                         raising=False)
-    _fake_probe(tmp_path / "cpp", "assert sys.argv[1:] == ['read-bandwidth', '--threads', '1'], sys.argv\n"
+    _fake_probe(tmp_path / "cpp", "assert sys.argv[1:] == ['read-bandwidth', '--threads', '1', '--mib', '953'], sys.argv\n"
                                   "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0}')")
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
     assert report["bandwidth"]["read_gbps"] == 25.0 and report["bandwidth"]["read_by"] == "cpp_stream_prefetch"
     assert report["bandwidth"]["cpp_stream_gbps"] == 18.0 and report["bandwidth"]["numpy_dot_gbps"] == 20.0
     (row,) = report["rows"]
     assert row["bound"]["read_gbps"] == 25.0 and row["bound"]["bound_ms"] == pytest.approx(40.0)
-    assert ("25.0 GB/s read bandwidth (measured in this run, 1 thread(s), fastest: cpp_stream_prefetch)"
-            in cpp_bench.markdown(report, "machine: x"))
+    assert ("25.0 GB/s read bandwidth (measured in this run, 1 thread(s), fastest: cpp_stream_prefetch, "
+            "over 953 MiB)" in cpp_bench.markdown(report, "machine: x"))
     # the read at half the kernels' prefetch distances, where it is the fastest, sets it
     _fake_probe(tmp_path / "cpp", "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0, \"prefetch_near_gbps\": 27.0}')")
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
     assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (27.0, "cpp_stream_prefetch_near")
     # a Python reduction faster than the probe still sets it
-    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"numpy_dot_gbps": 30.0, "read_gbps": 30.0})
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda _size: {"numpy_dot_gbps": 30.0, "read_gbps": 30.0})
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
     assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (30.0, "numpy_dot")
 
 
+def test_the_bounds_reads_sweep_a_buffer_of_the_tokens_bytes():
+    """probe_bytes: the token's bytes in whole MiB (a cache meets that buffer as it meets the
+    token's weights), at least 1 MiB, at most PROBE_MAX_BYTES (past the cache the size no longer
+    matters)."""
+    assert cpp_bench.probe_bytes(437_000_000) == 416 << 20
+    assert cpp_bench.probe_bytes(219_000_000) == 208 << 20
+    assert cpp_bench.probe_bytes(5_000_000_000) == cpp_bench.PROBE_MAX_BYTES == 1 << 30
+    assert cpp_bench.probe_bytes(1000) == 1 << 20
+
+
 def test_a_probe_that_gives_no_reading_stops_the_bench(fake_models, tmp_path, monkeypatch):
     port = fake_models["fake-bench"]
-    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda _size: {"read_gbps": 20.0})
     monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32": {"weights": 1_000_000_000},
                         raising=False)
     _fake_probe(tmp_path / "cpp", "print('cannot map the buffer', file=sys.stderr); sys.exit(1)")
@@ -751,7 +773,7 @@ def test_int8_weights_run_their_package_with_the_executable_in_fp32_flags(fake_m
     port = fake_models["fake-bench"]
     monkeypatch.setattr(port, "bench_bytes", lambda loaded, stage, size, precision="fp32":
                         {"weights": 1_000_000_000 if precision == "int8-weights" else 4_000_000_000}, raising=False)
-    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda: {"read_gbps": 20.0})
+    monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda _size: {"read_gbps": 20.0})
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=2,
                                  log=lambda _m: None, precision="int8-weights")
     assert recorded_argv == [["--ids", "1,2,3", "--prompt", "7"]] * 2
