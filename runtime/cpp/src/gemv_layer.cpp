@@ -362,16 +362,16 @@ private:
         const size_t bytes = weight_bytes(pk);
         const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
         // a prefetching call the first choice does not sample samples the distance (its "prefetch":
-        // the near one); a sampled one runs the distance chosen so far
-        const GemvPrefetchChoice::Pick near = pick.prefetch && !pick.sample ? distance.pick(bytes)
-                                                                            : GemvPrefetchChoice::Pick{distance.on(), false};
-        const PrefetchDistance d = near.prefetch ? kNearPrefetch : kFarPrefetch;
+        // the far one, its default the near one); a sampled one runs the distance chosen so far
+        const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
+                                                                           : GemvPrefetchChoice::Pick{distance.on(), false};
+        const PrefetchDistance d = far.prefetch ? kFarPrefetch : kNearPrefetch;
         const auto t0 = std::chrono::steady_clock::now();
         if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
         else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
-        if (near.sample) distance.record(near.prefetch, bytes, seconds);
+        if (far.sample) distance.record(far.prefetch, bytes, seconds);
         gemv_stream_times(pk.fp16).add(bytes, seconds);
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
