@@ -13,7 +13,7 @@ reports its own ``decode_s / decode_steps`` and ``decode_graph_s``. C++ and Pyth
 be identical in every round; the torch ids are reported. Where they part, the flip is judged as the
 model's policy judges tokens in the bench's precision (``ids_gate``): exact there (fp32, bf16), it
 fails the bench; teacher-forced (fp16), a flip on a near tie passes, one on a clear margin fails
-(``judge_flips``). The C++
+(``judge_flips``); under a package precision in ``IDS_NOT_GATED`` they are reported alone. The C++
 loop's host overhead ``(decode_s - decode_graph_s) / decode_s`` is judged against its target
 (<= 5 %).
 
@@ -71,14 +71,11 @@ from ncnnport.drivers.cpp_parity import (REPO_ROOT, CppRuntimeError, find_execut
 from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
-from ncnnport.drivers.torch_ratio import bound_row, read_bandwidth
+from ncnnport.drivers.torch_ratio import PROBE_MAX_BYTES, bound_row, probe_bytes, read_bandwidth
 from ncnnport.runtime.perf_timing import ratio_estimate
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
 
-# The largest buffer the bound's reads sweep (probe_bytes): past the last-level cache the read
-# speed no longer depends on the size.
-PROBE_MAX_BYTES = 1 << 30
 OVERHEAD_TARGET = 0.05  # issue 13: the C++ loop's host time <= 5 % of its decode time
 BOUND_TARGET = 85.0  # issue 17: a decoded token at >= 85 % of the memory-bandwidth bound
 RUNTIMES = ("cpp", "python", "torch")
@@ -574,19 +571,6 @@ def kv_bytes_per_position(prep: Any, precision: str = "fp32") -> int | None:
     return int(two["kv_cache"]) - int(one["kv_cache"]) or None
 
 
-def probe_bytes(nbytes: int) -> int:
-    """The buffer the bound's reads sweep for a token that reads ``nbytes``: the same bytes, whole
-    MiB, at most ``PROBE_MAX_BYTES``. Why the token's own size: the last-level cache can hold a
-    fixed 256 MiB buffer (this project's 2-core Xeon reports a 480 MiB L3: one thread read 64 MiB at
-    29 GB/s, 256 MiB at 21, 417 MiB at 19.7, 834 MiB-2 GiB at 17.5-17.8), so a fixed buffer measured
-    another mix of cache and DRAM than the token's own weights meet, and the bound moved with the
-    precision for no reason of the port's: too high for a token larger than the buffer (fp32, fp16),
-    too low for a smaller one (int8). Swept cyclically, a buffer of the token's size meets the cache
-    as the decode loop's weights do, step after step. Capped: past the cache the speed no longer
-    depends on the size (1 and 2 GiB read alike), and the reductions hold three such arrays."""
-    return max(1 << 20, min(int(nbytes), PROBE_MAX_BYTES) >> 20 << 20)
-
-
 def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None],
                    nbytes: int = 256 << 20) -> dict[str, float] | None:
     """The C++ runtime's own read of the machine (``ncnnport-cpp read-bandwidth --mib``, read_probe.h:
@@ -751,6 +735,8 @@ def ids_gate(policy: Any, precision: str, vulkan: bool, logits_stage: str) -> di
     from ncnnport.runtime.precision import get, judging_mode
 
     mode = judging_mode(get(precision), vulkan)
+    if precision in IDS_NOT_GATED:
+        return {"tokens": "reported", "mode": mode}  # why: IDS_NOT_GATED, printed under the table
     if policy is None or policy.token_gate(mode).get("mode", "exact") == "exact":
         return {"tokens": "exact", "mode": mode}
     tol = policy.stage(logits_stage, mode)
@@ -764,6 +750,8 @@ def judge_flips(row: dict[str, Any], gate: Mapping[str, Any]) -> None:
     the noise budget at the logits' scale (``near_tie_bound``). A flip without a margin (prompts that
     differ, a rerun that chose another token, no ``python_logits_at``) is never excused."""
     row["ids_gate"] = dict(gate)
+    if gate["tokens"] == "reported":
+        return
     for m in row.get("id_mismatches", []):
         if gate["tokens"] != "near_tie" or "python_top2_margin" not in m:
             m["verdict"] = "hard failure" if gate["tokens"] == "exact" else "no margin"

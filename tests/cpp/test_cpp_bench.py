@@ -277,6 +277,7 @@ def test_a_flip_is_judged_as_the_models_policy_judges_tokens_in_the_precision():
     assert gate["max_abs_rel"] == pytest.approx(2 * 56 * 2.0 ** -11)
     assert cpp_bench.ids_gate(policy, "fp32", True, "logits")["mode"] == "vulkan_fp32"  # teacher-forced there
     assert cpp_bench.ids_gate(None, "fp16-storage", False, "logits")["tokens"] == "exact"
+    assert cpp_bench.ids_gate(policy, "int8-weights", False, "logits")["tokens"] == "reported"
 
     runs = {"cpp": [run("cpp", [5, 6, 7, 9], 0.3, 0.29)] * 2, "python": [run("python", [5, 6, 7, 8], 0.45)] * 2}
 
@@ -304,6 +305,9 @@ def test_a_flip_is_judged_as_the_models_policy_judges_tokens_in_the_precision():
     exact = judged(6.4985, "fp32")
     assert not exact["ids_passed"] and exact["id_mismatches"][0]["verdict"] == "hard failure"
     assert not judged(6.4985, "fp16-storage", logits=False)["ids_passed"]
+    reported = judged(6.4985, "int8-weights")  # reported, not gated (IDS_NOT_GATED): no verdict, no excuse
+    assert "verdict" not in reported["id_mismatches"][0] and not reported["ids_passed"]
+    assert cpp_bench.ids_cell(reported).endswith("C++ took the runner-up)")
     same = cpp_bench.decode_row("P=100", {"cpp": [run("cpp", [5, 6, 7, 8], 0.3, 0.29)], "python": runs["python"][:1]},
                                 new_tokens=4)
     cpp_bench.judge_flips(same, cpp_bench.ids_gate(policy, "fp32", False, "logits"))

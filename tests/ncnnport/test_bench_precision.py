@@ -101,7 +101,7 @@ def test_fp32_bench_opens_fp32_once_and_prints_no_fidelity(opened, tmp_path, cap
 def test_torch_threads_is_restored_after_the_speed_table(opened, tmp_path, monkeypatch) -> None:
     import torch
 
-    monkeypatch.setattr(torch_ratio, "read_bandwidth", lambda: {"array_mb": 1.0, "numpy_sum_gbps": 10.0,
+    monkeypatch.setattr(torch_ratio, "read_bandwidth", lambda *_size: {"array_mb": 1.0, "numpy_sum_gbps": 10.0,
                                                                  "read_gbps": 10.0, "copy_gbps": 5.0})
     port = Port()
     before = torch.get_num_threads()

@@ -26,6 +26,7 @@ class Clock:
 
     def __init__(self, switch_at: int | None = None, load: float = 3.0) -> None:
         self.now, self.calls, self.switch_at, self.load = 0.0, 0, switch_at, load
+        self.swept: list[int] = []  # the buffer sizes read_bandwidth swept
 
     def __call__(self) -> float:
         return self.now
@@ -63,8 +64,10 @@ class Port:
 def clock(monkeypatch) -> Clock:
     c = Clock()
     monkeypatch.setattr(time, "perf_counter", c)
-    monkeypatch.setattr(torch_ratio, "read_bandwidth", lambda: {"array_mb": 1.0, "numpy_sum_gbps": 8.0,
-                                                                 "read_gbps": 8.0, "copy_gbps": 5.0})
+    def read_bandwidth(n_bytes: int = 256 << 20) -> dict:
+        c.swept.append(n_bytes)
+        return {"array_mb": n_bytes / 2**20, "numpy_sum_gbps": 8.0, "read_gbps": 8.0, "copy_gbps": 5.0}
+    monkeypatch.setattr(torch_ratio, "read_bandwidth", read_bandwidth)
     monkeypatch.setattr("ncnnport.runtime.lazy_modules.open_ncnn_modules",
                         lambda package, options: {"options": options})
     return c
@@ -84,6 +87,8 @@ def test_a_load_arriving_mid_table_does_not_move_the_ratio(clock) -> None:
     assert row["ratio"] == pytest.approx(2.0)
     assert row["ratio_ci"]["ci_low"] == pytest.approx(2.0) and row["ratio_ci"]["ci_high"] == pytest.approx(2.0)
     assert row["rounds"] == runs
+    # the heading's read over the default buffer, the stage's bound over its own 8 MB of weights
+    assert clock.swept == [256 << 20, 7 << 20] and row["bandwidth"]["array_mb"] == 7.0
 
 
 def test_threads_list_reports_scaling_efficiency_and_targets_with_measured_values(clock, capsys) -> None:
@@ -167,3 +172,25 @@ def test_fp32_runtimes_are_judged_against_the_fp32_bound_in_a_reduced_precision_
                                            precision="fp16-storage")
     assert row["ncnn_pct_of_bound"] == pytest.approx(50.0)     # 0.5 ms bound at 2-byte weights, ncnn 1 ms
     assert row["torch_pct_of_bound"] == pytest.approx(50.0)    # 1 ms fp32 bound, torch 2 ms (not 25 %)
+
+
+def test_a_stages_bound_sweeps_its_own_weight_bytes_and_the_fp32_runtimes_theirs(monkeypatch) -> None:
+    """stage_bandwidths: one read over the stage's weight bytes (probe_bytes), a second over the
+    fp32 bytes only where those round to another buffer, the default buffer where no bytes are
+    counted."""
+    swept: list[int] = []
+
+    def read_bandwidth(n_bytes: int = 256 << 20) -> dict:
+        swept.append(n_bytes)
+        return {"read_gbps": 20.0 if n_bytes < 100 << 20 else 16.0}
+    monkeypatch.setattr(torch_ratio, "read_bandwidth", read_bandwidth)
+    bw, fp32 = torch_ratio.stage_bandwidths({"weights": 60_000_000}, {"weights": 120_000_000})
+    assert swept == [57 << 20, 114 << 20] and (bw["read_gbps"], fp32["read_gbps"]) == (20.0, 16.0)
+    swept.clear()
+    bw, fp32 = torch_ratio.stage_bandwidths({"weights": 60_000_000}, None)
+    assert swept == [57 << 20] and fp32 is bw
+    swept.clear()
+    bw, fp32 = torch_ratio.stage_bandwidths(None, None)
+    assert swept == [256 << 20] and fp32 is bw
+    row = torch_ratio.bound_row(10.0, {"weights": 60_000_000}, 20.0, {"torch": 20.0}, {"weights": 120_000_000}, 16.0)
+    assert row["fp32_bound_weights_ms"] == pytest.approx(7.5) and row["torch_pct_of_bound"] == pytest.approx(37.5)
