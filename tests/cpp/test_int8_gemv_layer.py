@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpp.layer_check import PREFETCH_CALLS_TO_DECIDE, assert_prefetch_decided, run_layer_check
+from tests.cpp.layer_check import (PREFETCH_CALLS_TO_DECIDE, assert_prefetch_decided, prefetch_state_expected,
+                                   run_layer_check)
 from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +62,11 @@ def test_prefetching_and_plain_calls_give_the_same_bits(check):
     out = run_check(check, 3072, 1024, "--rounds", str(PREFETCH_CALLS_TO_DECIDE + 4))
     assert out["kernel_calls"] == 1 and out["rounds_equal_first"] is True, out
     assert_prefetch_decided(out["prefetch"])
+    # the distance choice samples only prefetching calls the first choice did not sample
+    distance = out["prefetch_distance"]
+    assert distance["state"] == prefetch_state_expected(distance), distance
+    if out["prefetch"]["state"] == "off":
+        assert distance["samples_on"] == distance["samples_off"] == 0, distance
     small = run_check(check, 128, 1024, "--rounds", "3")
     assert small["rounds_equal_first"] is True and small["prefetch"]["state"] == "undecided", small
 

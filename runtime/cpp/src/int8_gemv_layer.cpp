@@ -104,12 +104,13 @@ INT8_TARGET inline __m512i broadcast_quad(const int8_t* p) {
 // Row group g: 16 output rows. Per block, each row's exact integer dot product in its lane
 // (kChains accumulators over alternate k-quads, added), then fsum = fma(float(isum),
 // descale_x * descale_w, fsum) in k order (ncnn's vector path). With Prefetch, each 64-byte load
-// is preceded by a prefetch kGemvPrefetchBytes ahead in the stream (past the group's end that is
+// is preceded by a prefetch `dist` ahead in the stream (past the group's end that is
 // the next group, past the matrix's end the next copy in the weight arena, or nothing: a
-// prefetch never faults); whether is chosen on the machine (int8_gemv_prefetch_choice).
+// prefetch never faults); whether, and how far, is chosen on the machine (int8_gemv_prefetch_choice,
+// int8_gemv_prefetch_distance_choice).
 template <bool Prefetch>
 INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float* xdescale, const int32_t* shift,
-                           float* out) {
+                           float* out, PrefetchDistance dist) {
     const uint8_t* p = static_cast<const uint8_t*>(pk.weights.data) + static_cast<size_t>(g) * pk.group_bytes();
     const float* d = static_cast<const float*>(pk.descales.data) + static_cast<size_t>(g) * pk.blocks * kLanes;
     __m512 f = _mm512_setzero_ps();
@@ -121,7 +122,7 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
         for (int t = 0; t < quads; t += kChains) {
 #pragma GCC unroll 4
             for (int c = 0; c < kChains; ++c) {
-                if (Prefetch) prefetch_stream_step(p + 64 * (t + c), 64);
+                if (Prefetch) prefetch_stream_step(p + 64 * (t + c), 64, dist.far, dist.near);
                 acc[c] = _mm512_dpbusd_epi32(acc[c], _mm512_loadu_si512(p + 64 * (t + c)), broadcast_quad(qb + 4 * (t + c)));
             }
         }
@@ -137,7 +138,8 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
 // y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
 // thread reads one contiguous run of groups).
 template <bool Prefetch>
-void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads) {
+void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads,
+              PrefetchDistance dist) {
     const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
     const bool stream = stream_output(pk.n);  // a large output past the caches (output_store.h)
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -145,7 +147,7 @@ void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const in
 #pragma omp for schedule(static) nowait
         for (int g = 0; g < pk.groups; ++g) {
             alignas(64) float out[kLanes];
-            run_group<Prefetch>(pk, g, q, xdescale, shift, out);
+            run_group<Prefetch>(pk, g, q, xdescale, shift, out, dist);
             const int o0 = g * kLanes;
             const int n = std::min(kLanes, pk.n - o0);
             if (bias)
@@ -312,13 +314,21 @@ private:
         std::vector<int32_t> shift(static_cast<size_t>(blocks));
         quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
         GemvPrefetchChoice& choice = int8_gemv_prefetch_choice();
+        GemvPrefetchChoice& distance = int8_gemv_prefetch_distance_choice();
         const size_t bytes = pk.weights.total() * pk.weights.elemsize;
         const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+        // as the fp16/fp32 kernel (gemv_layer.cpp): a prefetching call the first choice does not
+        // sample samples the distance (the far one against the default near one)
+        const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
+                                                                           : GemvPrefetchChoice::Pick{distance.on(), false};
+        const PrefetchDistance dist = far.prefetch ? kFarPrefetch : kNearPrefetch;
+        float* y = static_cast<float*>(top.data);
         const auto t0 = std::chrono::steady_clock::now();
-        if (pick.prefetch) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
-        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), static_cast<float*>(top.data), opt.num_threads);
+        if (pick.prefetch) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, dist);
+        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, dist);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
+        if (far.sample) distance.record(far.prefetch, bytes, seconds);
         int8_gemv_stream_times().add(bytes, seconds);
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;

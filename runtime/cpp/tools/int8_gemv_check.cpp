@@ -24,7 +24,8 @@
 // copy in the huge-page arena, kernel_weight_allocator.h) and with --rounds the two
 // medians, both GB/s and "rounds_equal_first" (every timed call of the overwrite gave the first
 // call's bits; "prefetch", the kernel's prefetch choice, gemv_prefetch.h, says whether the calls
-// alternated plain and prefetching variants while it sampled). Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
+// alternated plain and prefetching variants while it sampled; "prefetch_distance" its choice between
+// the two distances among the prefetching calls). Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include <mat.h>
 #include <net.h>
 
@@ -41,6 +42,7 @@
 
 #include "interleaved_timing.h"
 #include "ncnnport/ncnn_graph.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
 
@@ -210,6 +212,7 @@ int main(int argc, char** argv) {
             out["ncnn_gbps"] = static_cast<double>(out["weight_bytes"].get<size_t>()) / (m.reference_ms * 1e6);
         }
         out["prefetch"] = ncnnport::int8_gemv_prefetch_json();
+        out["prefetch_distance"] = ncnnport::prefetch_report_json(ncnnport::int8_gemv_prefetch_distance_choice().report());
         std::cout << out.dump() << "\n";
         return 0;
     } catch (const std::exception& e) {

@@ -90,8 +90,8 @@ struct PrefetchDistance {
 // half distances and 17.8 at the full ones on this project's 2-core Xeon VM (plain 17.1); on the
 // device's Xeon the full ones won (14.2-14.8 against 13.4-14.6; 4 threads 67.7 against 62.3). So
 // the one-row InnerProduct kernel chooses between them on the machine too
-// (gemv_prefetch_distance_choice, from the near one); the int8 and attention kernels keep the full
-// distances.
+// (gemv_prefetch_distance_choice, from the near one), and so does the int8 one-row kernel
+// (int8_gemv_prefetch_distance_choice); the attention kernels keep the full distances.
 constexpr PrefetchDistance kFarPrefetch{kGemvPrefetchBytes, kGemvPrefetchNearBytes};
 constexpr PrefetchDistance kNearPrefetch{kGemvPrefetchBytes / 2, kGemvPrefetchNearBytes / 2};
 
@@ -183,6 +183,9 @@ GemvPrefetchChoice& gemv_prefetch_distance_choice(bool fp16);
 // (int8 weights a quarter of fp32's), past any L2 but under kGemvPrefetchMinBytes, so it samples
 // from kPastL2PrefetchMinBytes (1 MiB) on.
 GemvPrefetchChoice& int8_gemv_prefetch_choice();
+// Its distance choice, as gemv_prefetch_distance_choice: "plain" the near distance (the default),
+// "prefetch" the far one.
+GemvPrefetchChoice& int8_gemv_prefetch_distance_choice();
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
 GemvPrefetchChoice& attention_prefetch_choice(bool scores);
