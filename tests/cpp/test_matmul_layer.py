@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpp.layer_check import PREFETCH_CALLS_TO_DECIDE, assert_prefetch_decided, run_layer_check
+from tests.cpp.layer_check import (PREFETCH_CALLS_TO_DECIDE, assert_prefetch_decided, prefetch_state_expected,
+                                   run_layer_check)
 from tests.cpp.test_gemv_layer import cpu_flags, run_exe, speech  # noqa: F401  (speech is a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +108,10 @@ def test_stream_kernels_give_the_same_bits_prefetching_or_not(check, trans_b):
     out = run_check(check, 8, 2, k, n, "--trans-b", str(trans_b), "--rounds", str(PREFETCH_CALLS_TO_DECIDE + 4))
     assert out["kernel_calls"] == 1 and out["rounds_equal_first"] is True, out
     assert_prefetch_decided(out["prefetch"])
+    distance = out["prefetch_distance"]  # sampled only among the prefetching calls not sampled above
+    assert distance["state"] == prefetch_state_expected(distance), distance
+    if out["prefetch"]["state"] == "off":
+        assert distance["samples_on"] == distance["samples_off"] == 0, distance
     small = run_check(check, 8, 2, *((128, 100) if trans_b else (100, 128)), "--trans-b", str(trans_b), "--rounds", "3")
     assert small["prefetch"]["samples_on"] == small["prefetch"]["samples_off"] == 0, small
     assert small["prefetch"]["state"] == "undecided" and small["rounds_equal_first"] is True, small
@@ -204,6 +209,10 @@ def test_qwen3_asr_json_names_the_matmul_and_huge_pages_and_ids_do_not_change(bu
     # reads it; the attention's prefetch choice is reported per product
     assert mine["kv_cache_huge_peak_bytes"] > 0 and theirs["kv_cache_huge_peak_bytes"] > 0
     assert set(mine["attention_prefetch"]) == {"scores", "weighted"}
+    # and each one's distance choice (near first), whose state follows its pairs
+    assert set(mine["attention_prefetch_distance"]) == {"scores", "weighted"}
+    for product, d in mine["attention_prefetch_distance"].items():
+        assert d["state"] == prefetch_state_expected(d), (product, d)
 
     off, on = theirs["huge_pages"], mine["huge_pages"]
     assert off["enabled"] is False and off["collapsed_bytes"] == 0 and off["advised_bytes"] == 0

@@ -136,4 +136,9 @@ GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
     return scores ? scores_choice : weighted_choice;
 }
 
+GemvPrefetchChoice& attention_prefetch_distance_choice(bool scores) {
+    static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes), weighted_choice(kPastL2PrefetchMinBytes);
+    return scores ? scores_choice : weighted_choice;
+}
+
 }  // namespace ncnnport

@@ -63,10 +63,16 @@ MATMUL_TARGET_F16 inline float dot_tail(const float* q, const T* row, int k0, in
     return s;
 }
 
-// Prefetches the `bytes` of the cache row at `row` kGemvPrefetchBytes ahead in the stream (the
+// Prefetches the `bytes` of the cache row at `row` ahead in the stream (the
 // rows follow each other, so that is a later row of the same head, or past its end: a prefetch
-// never faults). Whether the kernels prefetch is chosen on the machine (attention_prefetch_choice).
-inline void prefetch_row(const void* row, size_t bytes) { prefetch_stream_step(row, (bytes + 63) / 64 * 64); }
+// never faults). Whether the kernels prefetch, and how far (`fetch`: 0 not, kFetchFar the
+// kernels' distances, kFetchNear half of them), is chosen on the machine (attention_prefetch_choice,
+// attention_prefetch_distance_choice). The kernels take it as a template argument, one copy each.
+constexpr int kFetchFar = 1, kFetchNear = 2;
+inline void prefetch_row(const void* row, size_t bytes, int fetch) {
+    const PrefetchDistance d = fetch == kFetchNear ? kNearPrefetch : kFarPrefetch;
+    prefetch_stream_step(row, (bytes + 63) / 64 * 64, d.far, d.near);
+}
 
 // out[r][n] = sum_k q[r][k] c[n][k] for R (1-4) query rows against every cache row of c (rows K
 // apart). Each cache row is read whole before the next, so the cache slice is one sequential
@@ -75,12 +81,12 @@ inline void prefetch_row(const void* row, size_t bytes) { prefetch_stream_step(r
 // version read four cache rows side by side, k by k, and ran at ~7 GB/s on one EPYC thread over a
 // cold 4 MB slice; this order reads it at ~14 GB/s, 2.0-2.4x faster (runtime/cpp/README.md,
 // "Decode attention").
-template <int R, bool Prefetch, typename T>
+template <int R, int Prefetch, typename T>
 MATMUL_TARGET_F16 void scores_rows(const float* q, int K, const T* c, int N, float* out, int out_stride) {
     const int K16 = K - K % 16, K8 = K - K % 8;
     for (int n = 0; n < N; ++n) {
         const T* row = c + static_cast<size_t>(n) * K;
-        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(T));
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(T), Prefetch);
         __m256 even[R], odd[R];
         for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
         int k = 0;
@@ -101,7 +107,7 @@ MATMUL_TARGET_F16 void scores_rows(const float* q, int K, const T* c, int N, flo
 }
 
 // One head's scores: query rows four at a time (one pass over the cache slice each), then the rest.
-template <bool Prefetch, typename T>
+template <int Prefetch, typename T>
 void scores_any(int M, const float* q, int K, const T* c, int N, float* out) {
     int m = 0;
     for (; m + 4 <= M; m += 4) scores_rows<4, Prefetch>(q + static_cast<size_t>(m) * K, K, c, N, out + static_cast<size_t>(m) * N, N);
@@ -118,13 +124,13 @@ void scores_any(int M, const float* q, int K, const T* c, int N, float* out) {
 // out[m][j] = sum_k w[m][k] v[k][j] for M rows of weights over the cache rows of v (J wide): each
 // cache row is read whole, in order (one sequential stream), and added into the M output rows,
 // which stay in L1 (M * J floats); k ascending from zero, one fused multiply-add per term.
-template <bool Prefetch, typename T>
+template <int Prefetch, typename T>
 MATMUL_TARGET_F16 void weighted_any(int M, const float* w, int K, const T* v, int J, float* out) {
     const int J8 = J - J % 8;
     for (int i = 0; i < M * J; ++i) out[i] = 0.f;
     for (int k = 0; k < K; ++k) {
         const T* row = v + static_cast<size_t>(k) * J;
-        if (Prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(T));
+        if (Prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(T), Prefetch);
         for (int m = 0; m < M; ++m) {
             const float wk = w[static_cast<size_t>(m) * K + k];
             const __m256 b = _mm256_set1_ps(wk);
@@ -153,13 +159,13 @@ MATMUL_TARGET_512F16 inline __m512 cache_load16(const unsigned short* p) {
 // Weight rows [0, MR) over output columns [j0, j0 + 16 NV): MR x NV sums in registers while every
 // cache row passes once (prefetched, when asked, on the first column tile: the row whole).
 template <int MR, int NV, typename T>
-MATMUL_TARGET_512F16 void weighted_tile512(const float* w, int K, const T* v, int J, int j0, bool prefetch, float* out) {
+MATMUL_TARGET_512F16 void weighted_tile512(const float* w, int K, const T* v, int J, int j0, int prefetch, float* out) {
     __m512 acc[MR][NV];
     for (int r = 0; r < MR; ++r)
         for (int t = 0; t < NV; ++t) acc[r][t] = _mm512_setzero_ps();
     for (int k = 0; k < K; ++k) {
         const T* row = v + static_cast<size_t>(k) * J;
-        if (prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(T));
+        if (prefetch) prefetch_row(row, static_cast<size_t>(J) * sizeof(T), prefetch);
         __m512 x[NV];
         for (int t = 0; t < NV; ++t) x[t] = cache_load16(row + j0 + 16 * t);
         for (int r = 0; r < MR; ++r) {
@@ -173,10 +179,10 @@ MATMUL_TARGET_512F16 void weighted_tile512(const float* w, int K, const T* v, in
 
 // Rows [0, MR) of a weighted sum over its first J16 columns, in tiles of up to 128 (MR = 2: 16
 // sums and 8 cache vectors in registers).
-template <int MR, bool Prefetch, typename T>
+template <int MR, int Prefetch, typename T>
 void weighted_cols512(const float* w, int K, const T* v, int J, int J16, float* out) {
     for (int j0 = 0; j0 < J16; j0 += 128) {
-        const bool prefetch = Prefetch && j0 == 0;
+        const int prefetch = j0 == 0 ? Prefetch : 0;
         switch (std::min(8, (J16 - j0) / 16)) {
         case 8: weighted_tile512<MR, 8>(w, K, v, J, j0, prefetch, out); break;
         case 7: weighted_tile512<MR, 7>(w, K, v, J, j0, prefetch, out); break;
@@ -192,7 +198,7 @@ void weighted_cols512(const float* w, int K, const T* v, int J, int J16, float* 
 
 // weighted_any with the sums in registers: weight rows two at a time, then the last J % 16
 // columns as scalar chains (each output the same k-ascending chain of fused multiply-adds).
-template <bool Prefetch, typename T>
+template <int Prefetch, typename T>
 void weighted_any512(int M, const float* w, int K, const T* v, int J, float* out) {
     const int J16 = J - J % 16;
     int m = 0;
@@ -377,13 +383,20 @@ public:
         const bool scores_case = trans_b_ != 0;
         if (M <= kStreamMaxRows) {
             GemvPrefetchChoice& choice = attention_prefetch_choice(scores_case);
+            GemvPrefetchChoice& distance = attention_prefetch_distance_choice(scores_case);
             const size_t bytes = static_cast<size_t>(heads) * N * K * B.elemsize;  // the cache rows read
             const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
+            // as the one-row kernels (gemv_layer.cpp): a prefetching call the first choice does not
+            // sample samples the distance (the far one against the default near one)
+            const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
+                                                                               : GemvPrefetchChoice::Pick{distance.on(), false};
             const auto t0 = std::chrono::steady_clock::now();
-            if (pick.prefetch) stream_heads<true>(A, B, top, scores_case, opt.num_threads);
-            else stream_heads<false>(A, B, top, scores_case, opt.num_threads);
-            if (pick.sample)
-                choice.record(pick.prefetch, bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            if (!pick.prefetch) stream_heads<0>(A, B, top, scores_case, opt.num_threads);
+            else if (far.prefetch) stream_heads<kFetchFar>(A, B, top, scores_case, opt.num_threads);
+            else stream_heads<kFetchNear>(A, B, top, scores_case, opt.num_threads);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
+            if (far.sample) distance.record(far.prefetch, bytes, seconds);
         } else {
             // each head split into parts along its outputs' columns (cache rows for the scores,
             // value columns for the weighted sums), so one head (MLA) still spreads over the
@@ -404,7 +417,7 @@ public:
 
 private:
     // The few-row products, one head per task: each head's cache slice is one sequential stream.
-    template <bool Prefetch>
+    template <int Prefetch>
     static void stream_heads(const ncnn::Mat& A, const ncnn::Mat& B, ncnn::Mat& top, bool scores_case, int threads) {
         const int heads = A.c, M = A.h, K = A.w;
         const int N = top.w;
@@ -420,7 +433,7 @@ private:
 
     // One head's product by the stream kernels: the weighted sums in the register width chosen
     // (the same bits either way).
-    template <bool Prefetch, typename T>
+    template <int Prefetch, typename T>
     static void one_head(bool wide, bool scores_case, int M, const float* a, int K, const T* b, int N, float* out) {
         if (scores_case) {
             scores_any<Prefetch>(M, a, K, b, N, out);

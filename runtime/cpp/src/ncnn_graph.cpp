@@ -229,6 +229,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             {"weight_streams", {{"fp32", gemv_stream_times(false).json()}, {"fp16", gemv_stream_times(true).json()},
                                 {"int8", int8_gemv_stream_times().json()}}},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
+            {"attention_prefetch_distance", {{"scores", prefetch_report_json(attention_prefetch_distance_choice(true).report())},
+                                             {"weighted", prefetch_report_json(attention_prefetch_distance_choice(false).report())}}},
             {"kv_cache_huge_peak_bytes", huge_page_allocator_peak_bytes()}};
 }
 

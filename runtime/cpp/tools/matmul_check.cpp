@@ -52,6 +52,7 @@
 
 #include "interleaved_timing.h"
 #include "ncnnport/fp16.h"
+#include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/huge_page_allocator.h"
 #include "ncnnport/ncnn_graph.h"
 #include "ncnnport/matmul_layer.h"
@@ -214,6 +215,7 @@ int main(int argc, char** argv) {
             out["rounds_equal_first"] = rounds_equal;
         }
         out["prefetch"] = ncnnport::attention_prefetch_json(a.trans_b != 0);
+        out["prefetch_distance"] = ncnnport::prefetch_report_json(ncnnport::attention_prefetch_distance_choice(a.trans_b != 0).report());
         std::cout << out.dump() << "\n";
         return 0;
     } catch (const std::exception& e) {

@@ -90,8 +90,8 @@ struct PrefetchDistance {
 // half distances and 17.8 at the full ones on this project's 2-core Xeon VM (plain 17.1); on the
 // device's Xeon the full ones won (14.2-14.8 against 13.4-14.6; 4 threads 67.7 against 62.3). So
 // the one-row InnerProduct kernel chooses between them on the machine too
-// (gemv_prefetch_distance_choice, from the near one), and so does the int8 one-row kernel
-// (int8_gemv_prefetch_distance_choice); the attention kernels keep the full distances.
+// (gemv_prefetch_distance_choice, from the near one), and so do the int8 one-row kernel
+// (int8_gemv_prefetch_distance_choice) and the attention products (attention_prefetch_distance_choice).
 constexpr PrefetchDistance kFarPrefetch{kGemvPrefetchBytes, kGemvPrefetchNearBytes};
 constexpr PrefetchDistance kNearPrefetch{kGemvPrefetchBytes / 2, kGemvPrefetchNearBytes / 2};
 
@@ -189,5 +189,8 @@ GemvPrefetchChoice& int8_gemv_prefetch_distance_choice();
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
 GemvPrefetchChoice& attention_prefetch_choice(bool scores);
+// Each one's distance choice, as gemv_prefetch_distance_choice: "plain" the near distance (the
+// default), "prefetch" the far one.
+GemvPrefetchChoice& attention_prefetch_distance_choice(bool scores);
 
 }  // namespace ncnnport
