@@ -357,21 +357,13 @@ private:
         if (top.empty()) return -100;
         const float* x = bottom;
         float* y = top;
-        GemvPrefetchChoice& choice = gemv_prefetch_choice(pk.fp16);
-        GemvPrefetchChoice& distance = gemv_prefetch_distance_choice(pk.fp16);
         const size_t bytes = weight_bytes(pk);
-        const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
-        // a prefetching call the first choice does not sample samples the distance (its "prefetch":
-        // the far one, its default the near one); a sampled one runs the distance chosen so far
-        const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
-                                                                           : GemvPrefetchChoice::Pick{distance.on(), false};
-        const PrefetchDistance d = far.prefetch ? kFarPrefetch : kNearPrefetch;
+        const PrefetchPlan plan(gemv_prefetch_choice(pk.fp16), gemv_prefetch_distance_choice(pk.fp16), bytes);
         const auto t0 = std::chrono::steady_clock::now();
-        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
-        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, pick.prefetch, d);
+        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(), plan.distance());
+        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(), plan.distance());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
-        if (far.sample) distance.record(far.prefetch, bytes, seconds);
+        plan.record(seconds);
         gemv_stream_times(pk.fp16).add(bytes, seconds);
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;

@@ -111,6 +111,16 @@ nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r) {
             {"recent_ratio", r.recent_ratio}, {"switches", r.switches}};
 }
 
+PrefetchPlan::PrefetchPlan(GemvPrefetchChoice& whether, GemvPrefetchChoice& how_far, size_t bytes)
+    : whether_(whether), how_far_(how_far), bytes_(bytes), pick_(whether.pick(bytes)) {
+    far_ = pick_.prefetch && !pick_.sample ? how_far.pick(bytes) : GemvPrefetchChoice::Pick{how_far.on(), false};
+}
+
+void PrefetchPlan::record(double seconds) const {
+    if (pick_.sample) whether_.record(pick_.prefetch, bytes_, seconds);
+    if (far_.sample) how_far_.record(far_.prefetch, bytes_, seconds);
+}
+
 GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
     static GemvPrefetchChoice fp32_choice, fp16_choice;
     return fp16 ? fp16_choice : fp32_choice;

@@ -313,22 +313,14 @@ private:
         std::vector<float> descale(static_cast<size_t>(blocks));
         std::vector<int32_t> shift(static_cast<size_t>(blocks));
         quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
-        GemvPrefetchChoice& choice = int8_gemv_prefetch_choice();
-        GemvPrefetchChoice& distance = int8_gemv_prefetch_distance_choice();
         const size_t bytes = pk.weights.total() * pk.weights.elemsize;
-        const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
-        // as the fp16/fp32 kernel (gemv_layer.cpp): a prefetching call the first choice does not
-        // sample samples the distance (the far one against the default near one)
-        const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
-                                                                           : GemvPrefetchChoice::Pick{distance.on(), false};
-        const PrefetchDistance dist = far.prefetch ? kFarPrefetch : kNearPrefetch;
+        const PrefetchPlan plan(int8_gemv_prefetch_choice(), int8_gemv_prefetch_distance_choice(), bytes);
         float* y = static_cast<float*>(top.data);
         const auto t0 = std::chrono::steady_clock::now();
-        if (pick.prefetch) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, dist);
-        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, dist);
+        if (plan.prefetch()) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance());
+        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance());
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
-        if (far.sample) distance.record(far.prefetch, bytes, seconds);
+        plan.record(seconds);
         int8_gemv_stream_times().add(bytes, seconds);
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;

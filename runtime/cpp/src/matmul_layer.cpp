@@ -382,21 +382,14 @@ public:
         if (top.empty()) return -100;
         const bool scores_case = trans_b_ != 0;
         if (M <= kStreamMaxRows) {
-            GemvPrefetchChoice& choice = attention_prefetch_choice(scores_case);
-            GemvPrefetchChoice& distance = attention_prefetch_distance_choice(scores_case);
             const size_t bytes = static_cast<size_t>(heads) * N * K * B.elemsize;  // the cache rows read
-            const GemvPrefetchChoice::Pick pick = choice.pick(bytes);
-            // as the one-row kernels (gemv_layer.cpp): a prefetching call the first choice does not
-            // sample samples the distance (the far one against the default near one)
-            const GemvPrefetchChoice::Pick far = pick.prefetch && !pick.sample ? distance.pick(bytes)
-                                                                               : GemvPrefetchChoice::Pick{distance.on(), false};
+            const PrefetchPlan plan(attention_prefetch_choice(scores_case), attention_prefetch_distance_choice(scores_case),
+                                    bytes);
             const auto t0 = std::chrono::steady_clock::now();
-            if (!pick.prefetch) stream_heads<0>(A, B, top, scores_case, opt.num_threads);
-            else if (far.prefetch) stream_heads<kFetchFar>(A, B, top, scores_case, opt.num_threads);
+            if (!plan.prefetch()) stream_heads<0>(A, B, top, scores_case, opt.num_threads);
+            else if (plan.far()) stream_heads<kFetchFar>(A, B, top, scores_case, opt.num_threads);
             else stream_heads<kFetchNear>(A, B, top, scores_case, opt.num_threads);
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (pick.sample) choice.record(pick.prefetch, bytes, seconds);
-            if (far.sample) distance.record(far.prefetch, bytes, seconds);
+            plan.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         } else {
             // each head split into parts along its outputs' columns (cache rows for the scores,
             // value columns for the weighted sums), so one head (MLA) still spreads over the

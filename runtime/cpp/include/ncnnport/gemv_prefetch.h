@@ -161,6 +161,28 @@ private:
     int first_pairs_ = 0, first_won_ = 0, first_state_ = -1, switches_ = 0;
 };
 
+// A call's two choices together: whether it prefetches (`whether`) and, if so, how far (`how_far`,
+// whose "prefetch" is the far distance and default the near one). A prefetching call the first
+// choice does not sample samples the distance; a sampled one runs the distance chosen so far, so
+// the first choice compares plain reads with the distance in use. One rule for every kernel that
+// prefetches (the one-row fp32/fp16 and int8 kernels, the attention products).
+class PrefetchPlan {
+public:
+    PrefetchPlan(GemvPrefetchChoice& whether, GemvPrefetchChoice& how_far, size_t bytes);
+    bool prefetch() const { return pick_.prefetch; }
+    // The distance a prefetching call asks for.
+    PrefetchDistance distance() const { return far_.prefetch ? kFarPrefetch : kNearPrefetch; }
+    bool far() const { return far_.prefetch; }
+    // The call's time, recorded by whichever choices sampled it.
+    void record(double seconds) const;
+
+private:
+    GemvPrefetchChoice& whether_;
+    GemvPrefetchChoice& how_far_;
+    size_t bytes_;
+    GemvPrefetchChoice::Pick pick_, far_;
+};
+
 // The pairs (on[i], off[i]) in which prefetch read faster by more than kGemvPrefetchMargin.
 int prefetch_pairs_won(const std::vector<double>& on, const std::vector<double>& off);
 
