@@ -130,6 +130,29 @@ def warmed(calls: list[tuple[int, float, float]]) -> list[tuple[int, float, floa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("near, far, expected_far", [(12.0, 10.2, False), (12.0, 14.0, True)])
+def test_a_plan_turns_prefetch_on_at_the_near_distance_and_tries_the_far_one(built_cpp, near, far, expected_far):
+    """PrefetchPlan (the kernels' two choices): the first choice compares plain reads with the
+    distance in use, the near one first, so a machine where only the near distance gains (this VM
+    in some hours: plain 16.6, far 17.1, near 19.2 GB/s) still turns prefetch on; the prefetching
+    calls the first choice does not sample then choose between near and far."""
+    tool = built_cpp(BUILD / "ncnnport-prefetch-choice-check", "NCNNPORT_CPP_BUILD")
+    calls = PREFETCH_WARMUP_CALLS + 16 + 24 * (PREFETCH_WARMUP_CALLS + 16 * 16)
+    text = f"{8 * MIB} 10.0 {near} {far}\n" * calls
+    out = json.loads(subprocess.run([str(tool), "--min-bytes", str(MIB), "--plan"], input=text, capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)
+    assert out["report"]["first"]["state"] == "on" and out["report"]["state"] == "on", out["report"]
+    distance = out["distance_report"]
+    assert distance["state"] == ("on" if expected_far else "off"), distance
+    # the far distance was tried; once chosen, most prefetching calls run the distance chosen (the
+    # rest are the rechecks' pairs)
+    last = [c["far"] for c in out["calls"][-200:] if c["prefetch"]]
+    assert any(c["far"] for c in out["calls"]) and len(last) > 150
+    share = sum(last) / len(last)
+    assert (share > 0.8) if expected_far else (share < 0.2), share
+
+
+@pytest.mark.slow
 def test_the_warm_up_calls_are_neither_sampled_nor_prefetched(built_cpp):
     """A clear 20 % gain from the first call: the warm-up calls still run plain and unsampled, then
     the pairs start (why: fresh weights read slowly in a run's first ~second, gemv_prefetch.h)."""
