@@ -71,7 +71,7 @@ from ncnnport.drivers.cpp_parity import (REPO_ROOT, CppRuntimeError, find_execut
 from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, peak_rss_bytes, release_memory, reset_peak_rss
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
-from ncnnport.drivers.torch_ratio import PROBE_MAX_BYTES, bound_row, probe_bytes, read_bandwidth
+from ncnnport.drivers.torch_ratio import bound_row, probe_bytes, read_bandwidth
 from ncnnport.runtime.perf_timing import ratio_estimate
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
