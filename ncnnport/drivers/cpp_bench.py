@@ -123,13 +123,26 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
         c = chunks[0]
         value_bytes = timing.get("kv_cache_value_bytes")
         streams = [{"width": width, **r} for width, rs in timing.get("weight_streams", {}).items() for r in rs]
-        states = {width: p["state"] for width, p in timing.get("gemv_prefetch", {}).items()}
+        states = prefetch_states(timing)
         return DecodeRun("cpp", int(c["prompt_tokens"]), [int(t) for t in c["token_ids"]], float(timing["decode_s"]),
                          int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]),
                          None if value_bytes is None else int(value_bytes), streams or None, states or None)
     except (KeyError, TypeError, ValueError) as exc:
         raise BenchError(f"{exe}: result lacks chunks[0].token_ids/prompt_tokens or timing.decode_s/"
                          f"decode_steps/decode_graph_s ({exc})") from None
+
+
+def prefetch_states(timing: Mapping[str, Any]) -> dict[str, str]:
+    """Each weight width's prefetch state at the end of a run (``timing.gemv_prefetch``), "on"
+    with the distance it ended on ("on-near", the default, or "on-far": ``gemv_prefetch_distance``),
+    so a row says which read its streams ran."""
+    distances = timing.get("gemv_prefetch_distance", {})
+
+    def state(width: str, p: Mapping[str, Any]) -> str:
+        if p["state"] != "on":
+            return str(p["state"])
+        return "on-far" if distances.get(width, {}).get("state") == "on" else "on-near"
+    return {width: state(width, p) for width, p in timing.get("gemv_prefetch", {}).items()}
 
 
 def cpp_image_run(out: dict[str, Any], exe: str) -> ImageRun:
@@ -976,7 +989,7 @@ def stream_lines(rows: Sequence[Mapping[str, Any]], read_gbps: float) -> list[st
         return []
     return ["", "C++ one-row kernel reads per stream (width, weight bytes per call x calls per round: median GB/s "
                 "over the rounds, every call of a run; % of the read bandwidth above; the prefetch state each "
-                "round ended in):", *lines]
+                "round ended in, with its distance when on):", *lines]
 
 
 def devices_text(report: Mapping[str, Any]) -> str:

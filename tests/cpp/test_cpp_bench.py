@@ -120,14 +120,17 @@ def test_the_cpp_kv_bound_counts_the_width_the_executable_stored():
 def test_each_weight_stream_is_reported_with_its_read_speed_and_the_prefetch_states():
     """timing.weight_streams (every one-row kernel call by width and bytes per call) becomes one
     line per row: each stream's median GB/s over the rounds and its share of the read bandwidth,
-    with the prefetch state each round ended in; a run without the record prints no line."""
-    def out(head_gbps: float, state: str) -> dict:
+    with the prefetch state each round ended in (and, when on, the distance it ended on: near unless
+    the distance choice is on); a run without the record prints no line."""
+    def out(head_gbps: float, state: str, far: str = "off") -> dict:
         streams = {"fp16": [{"bytes": 4 << 20, "calls": 20, "seconds": 0.0056, "gbps": 15.0},
                             {"bytes": 300 << 20, "calls": 5, "seconds": 0.1, "gbps": head_gbps}], "fp32": [], "int8": []}
         timing = {"decode_s": 0.3, "decode_steps": 3, "decode_graph_s": 0.29, "weight_streams": streams,
-                  "gemv_prefetch": {"fp32": {"state": "undecided"}, "fp16": {"state": state}, "int8": {"state": "undecided"}}}
+                  "gemv_prefetch": {"fp32": {"state": "undecided"}, "fp16": {"state": state}, "int8": {"state": "undecided"}},
+                  "gemv_prefetch_distance": {"fp16": {"state": far}}}
         return {"chunks": [{"prompt_tokens": 100, "token_ids": [5, 6, 7, 8], "stopped_by_eos": False}], "timing": timing}
-    cpp = [cpp_bench.cpp_decode_run(out(g, st), "exe") for g, st in ((16.0, "off"), (18.0, "on"), (17.0, "on"))]
+    cpp = [cpp_bench.cpp_decode_run(out(g, st, far), "exe")
+           for g, st, far in ((16.0, "off", "off"), (18.0, "on", "off"), (17.0, "on", "on"))]
     assert cpp[0].weight_streams[1] == {"width": "fp16", "bytes": 300 << 20, "calls": 5, "seconds": 0.1, "gbps": 16.0}
     row = cpp_bench.decode_row("P=100", {"cpp": cpp, "python": [run("python", [5, 6, 7, 8], 0.45)] * 3}, new_tokens=4)
     assert row["cpp"]["weight_streams"] == [{"width": "fp16", "bytes": 4 << 20, "calls": [20, 20, 20], "gbps": 15.0},
@@ -135,7 +138,7 @@ def test_each_weight_stream_is_reported_with_its_read_speed_and_the_prefetch_sta
     cpp_bench.add_bound(row, 2_000_000_000, 20.0)
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row], "threads": 1}))
     assert ("- P=100: fp16 4.0 MiB x 20: 15.0 GB/s (75 %), fp16 300 MiB x 5: 17.0 GB/s (85 %) "
-            "(fp16 prefetch off/on/on)") in lines, lines
+            "(fp16 prefetch off/on-near/on-far)") in lines, lines
     plain = cpp_bench.decode_row("P=100", {"cpp": [run("cpp", [5, 6, 7, 8], 0.3, 0.29)] * 3,
                                            "python": [run("python", [5, 6, 7, 8], 0.45)] * 3}, new_tokens=4)
     cpp_bench.add_bound(plain, 2_000_000_000, 20.0)

@@ -35,11 +35,12 @@ constexpr size_t kAlign = 2u << 20;
 #if NCNNPORT_PROBE_X86
 // Sum of the floats of [p, p + bytes), four 64-byte lines per step (bytes: whole lines): four
 // independent accumulators, so the adds never wait on each other and the loads set the pace.
-// The software prefetch of a read variant: 0 none, 1 the kernels' distances, 2 half of them.
+// The software prefetch of a read variant: 0 none, 1 the kernels' far distances, 2 the near ones
+// (gemv_prefetch.h's kFarPrefetch / kNearPrefetch, the two the kernels choose between).
 template <int Variant>
 inline void probe_prefetch(const char* at, size_t bytes) {
-    if (Variant == 1) prefetch_stream_step(at, bytes);
-    if (Variant == 2) prefetch_stream_step(at, bytes, kGemvPrefetchBytes / 2, kGemvPrefetchNearBytes / 2);
+    if (Variant == 1) prefetch_stream_step(at, bytes, kFarPrefetch.far, kFarPrefetch.near);
+    if (Variant == 2) prefetch_stream_step(at, bytes, kNearPrefetch.far, kNearPrefetch.near);
 }
 
 template <int Variant>
