@@ -4,6 +4,7 @@ built-in layer), shared by the gemv, MatMul and int8 Gemm tests."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -22,9 +23,10 @@ def run_layer_check(argv: list[str], needs: str) -> dict:
 
 # gemv_prefetch.h: the first PREFETCH_WARMUP_CALLS calls of the sampled sizes run plain, unsampled;
 # then the sequential sign test (on at >= 7 wins of 8 pairs, off at <= 4; otherwise 8 more pairs and on
-# at >= 13 wins of 16); once decided, every 16th call starts one more pair, and from 16 pairs on the
-# median speed ratio of the last 16 (prefetching / plain) sets the state after each: on at >= 1.03,
-# off at <= 1, unchanged in between.
+# at >= 13 wins of 16); once decided, every recheck_every-th call starts one more pair (16, or more
+# where the variant not chosen is slower by more: its calls then cost 1 % of the stream's time, at most
+# one in 256), and from 16 pairs on the median speed ratio of the last 16 (prefetching / plain) sets
+# the state after each: on at >= 1.03, off at <= 1, unchanged in between.
 PREFETCH_WARMUP_CALLS = 48
 PREFETCH_CALLS_TO_DECIDE = PREFETCH_WARMUP_CALLS + 32  # calls that always reach a first decision
 
@@ -35,6 +37,9 @@ def prefetch_state_expected(report: dict) -> str:
     state it reports where that is between the bounds)."""
     first, pairs, won = report["first"], min(report["samples_on"], report["samples_off"]), report["pairs_won"]
     ratio = report["recent_ratio"]
+    if ratio > 0:
+        gap = max(ratio, 1 / ratio) - 1.0
+        assert report["recheck_every"] == min(max(math.ceil(gap / 0.01), 16), 256), report
     if first["state"] == "":
         assert pairs < 16 and not (pairs == 8 and (won <= 4 or won >= 7)), report
         return "undecided"

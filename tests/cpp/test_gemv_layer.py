@@ -153,6 +153,41 @@ def test_a_plan_turns_prefetch_on_at_the_near_distance_and_tries_the_far_one(bui
 
 
 @pytest.mark.slow
+def test_the_distance_pairs_start_as_soon_as_prefetch_is_on(built_cpp):
+    """The distance choice has no warm-up of its own: its first pair (near, then far) comes with the
+    first prefetching call the first choice does not sample, right after that choice's warm-up and
+    8 pairs (a second 48-call warm-up ran the untried distance on a read path already warm)."""
+    tool = built_cpp(BUILD / "ncnnport-prefetch-choice-check", "NCNNPORT_CPP_BUILD")
+    text = f"{8 * MIB} 10.0 12.0 14.0\n" * (PREFETCH_WARMUP_CALLS + 16 + 40)
+    out = json.loads(subprocess.run([str(tool), "--min-bytes", str(MIB), "--plan"], input=text, capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)
+    decided = PREFETCH_WARMUP_CALLS + 16
+    assert [c["far"] for c in out["calls"][:decided]] == [False] * decided
+    # unsampled by the first choice from here: the distance choice's pairs, near then far
+    assert [c["far"] for c in out["calls"][decided:decided + 4]] == [False, True, False, True], out["calls"][decided:]
+    assert out["distance_report"]["samples_on"] >= 8, out["distance_report"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plain, prefetching, every", [(10.0, 16.0, 60), (10.0, 11.0, 16), (16.0, 10.0, 60)])
+def test_the_recheck_interval_holds_the_rechecks_cost_near_one_percent(built_cpp, plain, prefetching, every):
+    """Once decided, the variant not chosen runs one call per recheck interval, and the interval is
+    (max(r, 1/r) - 1) / 1 % calls (at least 16, at most 256), r the recent speed ratio: prefetch 1.6x
+    faster (a device lease read 5.5 GB/s plain, 10.1 prefetching) rechecks every 60th call, so its
+    plain calls cost under 1 % of the stream's time where 1 in 16 cost 3.75 %; a 10 % gain stays
+    at 16 (near the bounds a switch must stay quick); a loss of the same size (prefetch off) alike."""
+    out = run_choice(built_cpp, [(8 * MIB, plain, prefetching)] * 6000, min_bytes=4 * MIB)
+    report = out["report"]
+    assert report["recheck_every"] == every and report["switches"] == 0, report
+    chosen = report["state"] == "on"
+    after = out["calls"][PREFETCH_WARMUP_CALLS + 16:]
+    others = sum(c["prefetch"] != chosen for c in after)
+    assert len(after) / (every + 1) - 2 <= others <= len(after) / every + 1, (others, len(after), every)
+    r = prefetching / plain
+    assert others / len(after) * (max(r, 1 / r) - 1) <= 0.0105 or every == 16, others
+
+
+@pytest.mark.slow
 def test_the_warm_up_calls_are_neither_sampled_nor_prefetched(built_cpp):
     """A clear 20 % gain from the first call: the warm-up calls still run plain and unsampled, then
     the pairs start (why: fresh weights read slowly in a run's first ~second, gemv_prefetch.h)."""

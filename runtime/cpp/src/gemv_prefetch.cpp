@@ -3,6 +3,7 @@
 #include "ncnnport/stats.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ncnnport {
 
@@ -27,7 +28,7 @@ GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
     }
     if (state_ >= 0) {  // a started pair waits for the next call of its size; every call counts
         ++calls_since_pair_;  // (so the starts step through every position of a repeating call order)
-        if (pending_bytes_ != 0 || calls_since_pair_ < kGemvPrefetchRecheckEvery) return {state_ == 1, false};
+        if (pending_bytes_ != 0 || calls_since_pair_ < recheck_every_) return {state_ == 1, false};
         calls_since_pair_ = 0;
     }
     pending_bytes_ = weight_bytes;  // undecided: a call of another size takes the place of an unpaired one
@@ -57,9 +58,19 @@ double GemvPrefetchChoice::recent_ratio() const {
     return median(ratios);
 }
 
+int GemvPrefetchChoice::recheck_every() const {
+    const double r = recent_ratio();
+    if (r <= 0.0) return kGemvPrefetchRecheckEvery;
+    const double cost = std::max(r, 1.0 / r) - 1.0;  // of a call, when the variant not chosen runs
+    const double every = std::ceil(cost / kGemvPrefetchRecheckCost);
+    return static_cast<int>(std::clamp(every, static_cast<double>(kGemvPrefetchRecheckEvery),
+                                       static_cast<double>(kGemvPrefetchRecheckMaxEvery)));
+}
+
 void GemvPrefetchChoice::decide() {
     const int pairs = static_cast<int>(std::min(on_.size(), off_.size()));
     const int before = state_;
+    recheck_every_ = recheck_every();
     if (first_state_ < 0) {
         if (pairs == kGemvPrefetchSamples) {
             const int won = prefetch_pairs_won(on_, off_);
@@ -101,6 +112,7 @@ GemvPrefetchChoice::Report GemvPrefetchChoice::report() const {
     r.first_won = first_won_;
     r.first_state = first_state_ < 0 ? "" : (first_state_ == 1 ? "on" : "off");
     r.switches = switches_;
+    r.recheck_every = recheck_every_;
     return r;
 }
 
@@ -108,7 +120,7 @@ nlohmann::json prefetch_report_json(const GemvPrefetchChoice::Report& r) {
     return {{"state", r.state}, {"samples_on", r.samples_on}, {"samples_off", r.samples_off}, {"pairs_won", r.pairs_won},
             {"median_on_gbps", r.median_on_gbps}, {"median_off_gbps", r.median_off_gbps},
             {"first", {{"pairs", r.first_pairs}, {"won", r.first_won}, {"state", r.first_state}}},
-            {"recent_ratio", r.recent_ratio}, {"switches", r.switches}};
+            {"recent_ratio", r.recent_ratio}, {"switches", r.switches}, {"recheck_every", r.recheck_every}};
 }
 
 PrefetchPlan::PrefetchPlan(GemvPrefetchChoice& whether, GemvPrefetchChoice& how_far, size_t bytes)
@@ -127,7 +139,7 @@ GemvPrefetchChoice& gemv_prefetch_choice(bool fp16) {
 }
 
 GemvPrefetchChoice& gemv_prefetch_distance_choice(bool fp16) {
-    static GemvPrefetchChoice fp32_choice, fp16_choice;
+    static GemvPrefetchChoice fp32_choice(kGemvPrefetchMinBytes, 0), fp16_choice(kGemvPrefetchMinBytes, 0);
     return fp16 ? fp16_choice : fp32_choice;
 }
 
@@ -137,7 +149,7 @@ GemvPrefetchChoice& int8_gemv_prefetch_choice() {
 }
 
 GemvPrefetchChoice& int8_gemv_prefetch_distance_choice() {
-    static GemvPrefetchChoice choice(kPastL2PrefetchMinBytes);
+    static GemvPrefetchChoice choice(kPastL2PrefetchMinBytes, 0);
     return choice;
 }
 
@@ -147,7 +159,7 @@ GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
 }
 
 GemvPrefetchChoice& attention_prefetch_distance_choice(bool scores) {
-    static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes), weighted_choice(kPastL2PrefetchMinBytes);
+    static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes, 0), weighted_choice(kPastL2PrefetchMinBytes, 0);
     return scores ? scores_choice : weighted_choice;
 }
 

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
         std::cerr << "usage: ncnnport-prefetch-choice-check --min-bytes B [--plan] < calls\n";
         return 2;
     }
-    ncnnport::GemvPrefetchChoice choice(std::stoull(argv[2])), distance(std::stoull(argv[2]));
+    ncnnport::GemvPrefetchChoice choice(std::stoull(argv[2])), distance(std::stoull(argv[2]), 0);  // as the kernels' pairs
     nlohmann::json calls = nlohmann::json::array();
     std::string line;
     while (std::getline(std::cin, line)) {

@@ -74,7 +74,17 @@ constexpr int kGemvPrefetchNoEffectWins = 4;          // at most this many of 8:
 constexpr int kGemvPrefetchExtendedSamples = 16;      // pairs after an undecided first 8
 constexpr int kGemvPrefetchExtendedWinsNeeded = 13;   // wins of the 16 that keep prefetch
 constexpr int kGemvPrefetchWarmupCalls = 48;          // sampled-size calls run plain before the first pair
-constexpr int kGemvPrefetchRecheckEvery = 16;         // sampled-size calls per pair once decided
+constexpr int kGemvPrefetchRecheckEvery = 16;         // sampled-size calls per pair once decided, at least
+constexpr int kGemvPrefetchRecheckMaxEvery = 256;     // ... and at most
+// What the rechecks may cost: the variant not chosen runs one call in every recheck interval, so
+// the interval grows with the measured gap between the two (recheck_every): a call of it costs
+// (max(r, 1/r) - 1) of a call, r the recent median speed ratio, and one in
+// (max(r, 1/r) - 1) / kGemvPrefetchRecheckCost calls keeps that cost at 1 % of the stream's time.
+// Why: at a fixed 1 in 16 the rechecks cost 1/16 of the gap, 0.7 % where prefetch gains 11 % (this
+// VM's fp16 stream) but 5 % where plain reads are 1.84x slower (a device lease, 2026-12-04: the fp16
+// kernel read 5.5 GB/s plain, 10.1 prefetching). A gap that wide is not near a switch; where the
+// ratio nears the bounds (1 and 1 + kGemvPrefetchMargin) the interval is back at 16.
+constexpr double kGemvPrefetchRecheckCost = 0.01;
 constexpr int kGemvPrefetchRecheckPairs = 16;         // pairs whose median ratio rechecks the state
 // A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
@@ -117,8 +127,11 @@ constexpr size_t kPastL2PrefetchMinBytes = 1u << 20;
 // The choice for one stream: a weight width of the gemv kernel, or one attention product.
 class GemvPrefetchChoice {
 public:
-    // Calls reading fewer than `min_bytes` run plain and are not sampled.
-    explicit GemvPrefetchChoice(size_t min_bytes = kGemvPrefetchMinBytes) : min_bytes_(min_bytes) {}
+    // Calls reading fewer than `min_bytes` run plain and are not sampled; the first `warmup_calls`
+    // of the sampled sizes run plain unsampled (a PrefetchPlan's distance choice takes 0: its calls
+    // come after the first choice's warm-up and pairs, on a read path already warm).
+    explicit GemvPrefetchChoice(size_t min_bytes = kGemvPrefetchMinBytes, int warmup_calls = kGemvPrefetchWarmupCalls)
+        : min_bytes_(min_bytes), warmup_left_(warmup_calls) {}
 
     struct Pick {
         bool prefetch = false;  // the variant the call runs
@@ -134,6 +147,7 @@ public:
         int first_pairs = 0, first_won = 0;
         std::string first_state;
         int switches = 0;  // state changes since the first decision
+        int recheck_every = kGemvPrefetchRecheckEvery;  // sampled-size calls per recheck pair now
     };
 
     // The variant of the next call that reads `weight_bytes`.
@@ -149,6 +163,8 @@ private:
     // recheck's median ratio with the state kept between its bounds.
     void decide();
     double recent_ratio() const;
+    // The recheck interval the recent ratio gives (kGemvPrefetchRecheckCost).
+    int recheck_every() const;
 
     const size_t min_bytes_;
     mutable std::mutex mutex_;
@@ -156,8 +172,9 @@ private:
     size_t pending_bytes_ = 0;      // the size of a sampled plain call still waiting for its pair, else 0
                                     // (undecided: the very next call; decided: the next call of its size)
     std::vector<double> on_, off_;  // GB/s of sampled calls, in call order (pair i = off_[i], on_[i])
-    int warmup_left_ = kGemvPrefetchWarmupCalls;  // sampled-size calls still to run unsampled
+    int warmup_left_;               // sampled-size calls still to run unsampled
     int calls_since_pair_ = 0;      // sampled-size calls since the last pair started (once decided)
+    int recheck_every_ = kGemvPrefetchRecheckEvery;  // recheck_every() after the last pair
     int first_pairs_ = 0, first_won_ = 0, first_state_ = -1, switches_ = 0;
 };
 
@@ -194,7 +211,9 @@ GemvPrefetchChoice& gemv_prefetch_choice(bool fp16);
 // Among the one-row InnerProduct kernel's prefetching calls of fp16 (true) or fp32 weights, the same
 // rule choosing between the distances: "plain" stands for kNearPrefetch, the default, and "prefetch"
 // for kFarPrefetch. It samples only calls that prefetch and that the first choice does not sample,
-// so it starts once prefetch is on, after its own warm-up; the first choice's prefetching calls
+// so it starts once prefetch is on, with no warm-up of its own (the first choice's warm-up and pairs
+// came before it: a second warm-up of 48 calls ran the untried distance on a read path already
+// warm, on a device lease 1.28x slower than the far one); the first choice's prefetching calls
 // run the distance chosen so far. Why the near one first: it beat plain reads on every machine
 // measured (this VM 19.0 vs 17.1 GB/s, the device's Xeon 13.4-14.6 vs 8.7-10.4), while the far one
 // gained little here in some hours (a 416 MiB sweep: plain 16.6, far 17.1, near 19.2 GB/s), under
