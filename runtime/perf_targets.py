@@ -81,6 +81,15 @@ def judge(targets: Sequence[PerfTarget], rows: Sequence[dict[str, Any]], weight_
     return [judge_one(t, rows, n) for t in targets if t.applies(weight_bytes) for n in counts]
 
 
+# Which loop these verdicts judge. Why said: the ncnn column times the package's graphs through the
+# Python ncnn wheel (ncnn's own layers), while the shipped C++ executables run ncnnport's one-row
+# kernels in their place; a "not met" here is the wheel's, and the same decode targets on the
+# shipped loop are `make bench-cpp`'s (Qwen3-ASR real-L4 fp16 token, 2-core Xeon VM, 2026-12-04:
+# 79 / 68 % of the bound at P=100 / 1000 through the wheel, 86-90 / 82-89 % on the C++ loop).
+LOOP_NOTE = ("judged on this table's ncnn column: the package's graphs through the Python ncnn wheel; "
+             "the shipped C++ loop is judged on its own by `make bench-cpp`")
+
+
 def format_verdict(v: dict[str, Any]) -> str:
     if v["met"] is None:
         return f"| {v['target']} | {v['threads']} | - | - | {v['note']} |"
@@ -96,3 +105,4 @@ def print_verdicts(model: str, verdicts: Sequence[dict[str, Any]]) -> None:
     print("|---|---|---|---|---|")
     for v in verdicts:
         print(format_verdict(v))
+    print(LOOP_NOTE)
