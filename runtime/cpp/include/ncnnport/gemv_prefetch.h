@@ -83,7 +83,9 @@ constexpr int kGemvPrefetchRecheckMaxEvery = 256;     // ... and at most
 // Why: at a fixed 1 in 16 the rechecks cost 1/16 of the gap, 0.7 % where prefetch gains 11 % (this
 // VM's fp16 stream) but 5 % where plain reads are 1.84x slower (a device lease, 2026-12-04: the fp16
 // kernel read 5.5 GB/s plain, 10.1 prefetching). A gap that wide is not near a switch; where the
-// ratio nears the bounds (1 and 1 + kGemvPrefetchMargin) the interval is back at 16.
+// ratio nears the bounds (1 and 1 + kGemvPrefetchMargin) the interval is back at 16. The price: a
+// gap that vanishes at once is seen later, after 8 pairs at the wide interval (at 1.6x, 8 x 60 =
+// 480 calls, about 23 Qwen3-ASR fp16 decode steps) instead of 8 x 16.
 constexpr double kGemvPrefetchRecheckCost = 0.01;
 constexpr int kGemvPrefetchRecheckPairs = 16;         // pairs whose median ratio rechecks the state
 // A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
