@@ -62,6 +62,9 @@ class DecodeRun:
     # state at the end (timing.gemv_prefetch: {width: "on" | "off" | "undecided"})
     weight_streams: list[dict[str, Any]] | None = None
     prefetch_states: dict[str, str] | None = None
+    # C++ only: the decoder layers' graphs' share of decode_graph_s (timing.decode_layers_s; None
+    # where the executable does not say): the per-layer cost flatness in context is about
+    decode_layers_s: float | None = None
 
     @property
     def per_token_ms(self) -> float:

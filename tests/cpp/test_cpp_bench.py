@@ -219,6 +219,35 @@ def test_flatness_is_the_token_at_the_longest_prompt_over_the_shortest():
     assert cpp_bench.flatness([row("P=100", 100, 0.3)]) is None
 
 
+def test_flatness_judges_the_decode_layers_where_the_executable_reports_them():
+    """Item 2 is the per-layer cost: with timing.decode_layers_s the verdict is the layers' graphs'
+    ratio (here 0.10 -> 0.13 s: 1.30, not met) while the whole token, whose head reads the same
+    bytes at every length, reads 1.10; the token's ratio is printed beside it."""
+    ids = [5, 6, 7, 8]
+
+    def row(label: str, prompt: int, decode_s: float, layers_s: float) -> dict:
+        cpp = DecodeRun("cpp", prompt, ids, decode_s, len(ids) - 1, decode_s, decode_layers_s=layers_s)
+        out = {"chunks": [{"token_ids": ids, "prompt_tokens": prompt, "stopped_by_eos": False}],
+               "timing": {"decode_s": decode_s, "decode_steps": len(ids) - 1, "decode_graph_s": decode_s,
+                          "decode_layers_s": layers_s}}
+        assert cpp_bench.cpp_decode_run(out, "exe").decode_layers_s == layers_s
+        r = cpp_bench.decode_row(label, {"cpp": [cpp] * 3, "python": [run("python", ids, 0.3, prompt=prompt)] * 3},
+                                 new_tokens=4)
+        cpp_bench.add_bound(r, 1_000_000_000, 20.0)
+        return r
+
+    flat = cpp_bench.flatness([row("P=100", 100, 0.30, 0.10), row("P=1000", 1000, 0.33, 0.13)])
+    assert flat["measured"] == "layers" and flat["ratio"] == pytest.approx(1.3) and not flat["met"]
+    assert flat["token_ratio"] == pytest.approx(1.1)
+    lines = "\n".join(cpp_bench.bound_lines({"rows": [row("P=100", 100, 0.30, 0.10)], "threads": 1, "flatness": flat}))
+    assert "Flat in context: the C++ decode layers' graphs' ms/token at P=1000 / at P=100 = 1.30" in lines
+    assert "not met). The whole token (embedding and head included): 1.10." in lines
+    # one row without the layers' time: the token's ratio, as before
+    old = row("P=100", 100, 0.30, 0.10)
+    del old["cpp"]["layers_ms_per_token"]
+    assert cpp_bench.flatness([old, row("P=1000", 1000, 0.33, 0.13)])["measured"] == "token"
+
+
 def test_a_differing_id_or_a_large_overhead_is_reported():
     runs = {"cpp": [run("cpp", [1, 2, 3], 0.2, 0.1)] * 3, "python": [run("python", [1, 2, 4], 0.2)] * 3}
     row = cpp_bench.decode_row("P=100", runs, new_tokens=3)

@@ -261,8 +261,11 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     gen.prompt_tokens = s;
     gen.prefill_s = seconds_since(t_prefill);
     const auto t_decode = std::chrono::steady_clock::now();
-    double graph_before = 0.0;
-    for (const auto& [name, g] : graphs_) graph_before += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
+    double graph_before = 0.0, layers_before = 0.0;
+    for (const auto& [name, g] : graphs_) {
+        graph_before += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
+        layers_before += name.rfind("decode_layer", 0) == 0 ? g->seconds() : 0.0;
+    }
 #if NCNN_VULKAN
     std::unique_ptr<ncnnport::GpuKvCache> on_gpu;
     double wait_s = 0.0;
@@ -296,9 +299,16 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     timing.decode_graph_s += wait_s;
 #endif
     gen.decode_s = seconds_since(t_decode);
-    double graph_after = 0.0;
-    for (const auto& [name, g] : graphs_) graph_after += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
+    double graph_after = 0.0, layers_after = 0.0;
+    for (const auto& [name, g] : graphs_) {
+        graph_after += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
+        layers_after += name.rfind("decode_layer", 0) == 0 ? g->seconds() : 0.0;
+    }
     timing.decode_graph_s += graph_after - graph_before;
+#if NCNN_VULKAN
+    if (on_gpu) timing.decode_layers_s = -1.0;
+#endif
+    if (timing.decode_layers_s >= 0.0) timing.decode_layers_s += layers_after - layers_before;
     return gen;
 }
 

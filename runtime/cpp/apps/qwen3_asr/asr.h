@@ -50,6 +50,10 @@ struct Generation {
 // Timing of graph work inside the decode steps (embed + decode layers + head), for the overhead number.
 struct Timing {
     double decode_graph_s = 0.0;  // on the GPU path: recording + waiting for the device
+    // of which the decode_layer graphs alone on the host path (the per-layer cost that flatness in
+    // context is about: the embedding and the head read the same bytes at every context length);
+    // negative once a step ran on the GPU, whose one command holds every graph
+    double decode_layers_s = 0.0;
 };
 
 class Asr {

@@ -392,6 +392,13 @@ double Vl::decode_graph_seconds() const {
     return s;
 }
 
+double Vl::decode_layers_seconds() const {
+    double s = 0.0;
+    for (const auto& [name, g] : graphs_)
+        if (name.rfind("llm_layer", 0) == 0) s += g->seconds();
+    return s;
+}
+
 double Vl::vision_graph_seconds() const {
     double s = 0.0;
     for (const auto& [name, g] : graphs_)
@@ -453,7 +460,7 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
     gen.prompt_tokens = s;
     gen.prefill_s = seconds_since(t_prefill);
     const auto t_decode = std::chrono::steady_clock::now();
-    const double graph_before = decode_graph_seconds();
+    const double graph_before = decode_graph_seconds(), layers_before = decode_layers_seconds();
     for (int step = 0; step < max_new_tokens; ++step) {
         const int token = static_cast<int>(ncnnport::greedy(logits));
         gen.tokens.push_back(token);
@@ -467,6 +474,7 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
     }
     gen.decode_s = seconds_since(t_decode);
     gen.decode_graph_s = decode_graph_seconds() - graph_before;
+    gen.decode_layers_s = decode_layers_seconds() - layers_before;
     return gen;
 }
 

@@ -52,6 +52,9 @@ struct Generation {
     double vision_s = 0.0, prefill_s = 0.0, decode_s = 0.0;
     int decode_steps = 0;
     double decode_graph_s = 0.0;  // inside ncnn during the decode steps (layers + head)
+    // of which the decoder layers' graphs alone: issue 17 item 2's per-layer cost (the head and the
+    // embedding read the same bytes at every context length, so the whole step's ratio is flatter)
+    double decode_layers_s = 0.0;
 };
 
 class Vl {
@@ -88,6 +91,7 @@ private:
     // Logits [V] of one hidden row through the head graphs (their step variants when `step`).
     std::vector<float> head_logits(const std::vector<float>& last_hidden, bool step);
     double decode_graph_seconds() const;
+    double decode_layers_seconds() const;  // the llm_layer graphs' share of decode_graph_seconds
 
     std::filesystem::path package_;
     ncnnport::GraphOptions options_;
