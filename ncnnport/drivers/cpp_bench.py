@@ -125,6 +125,11 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
         streams = [{"width": width, **r} for width, rs in timing.get("weight_streams", {}).items() for r in rs]
         states = prefetch_states(timing)
         layers_s = timing.get("decode_layers_s")
+        # a share of the decode graphs' time: outside [0, decode_graph_s] it was not measured as one
+        # (flatness would be judged on a number that means nothing)
+        if layers_s is not None and not 0.0 <= float(layers_s) <= float(timing["decode_graph_s"]):
+            raise BenchError(f"{exe}: timing.decode_layers_s {layers_s} is outside [0, decode_graph_s = "
+                             f"{timing['decode_graph_s']}]")
         return DecodeRun("cpp", int(c["prompt_tokens"]), [int(t) for t in c["token_ids"]], float(timing["decode_s"]),
                          int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]),
                          None if value_bytes is None else int(value_bytes), streams or None, states or None,

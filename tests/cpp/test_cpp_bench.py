@@ -231,6 +231,9 @@ def test_flatness_judges_the_decode_layers_where_the_executable_reports_them():
                "timing": {"decode_s": decode_s, "decode_steps": len(ids) - 1, "decode_graph_s": decode_s,
                           "decode_layers_s": layers_s}}
         assert cpp_bench.cpp_decode_run(out, "exe").decode_layers_s == layers_s
+        for bad in (-0.01, decode_s * 1.01):  # not a share of the decode graphs' time
+            with pytest.raises(cpp_bench.BenchError, match="decode_layers_s"):
+                cpp_bench.cpp_decode_run({**out, "timing": {**out["timing"], "decode_layers_s": bad}}, "exe")
         r = cpp_bench.decode_row(label, {"cpp": [cpp] * 3, "python": [run("python", ids, 0.3, prompt=prompt)] * 3},
                                  new_tokens=4)
         cpp_bench.add_bound(r, 1_000_000_000, 20.0)

@@ -456,6 +456,18 @@ std::vector<ncnn::Mat> Graph::extract_call(const std::vector<ncnn::Mat>& inputs,
     return mats;
 }
 
+double graph_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                        const std::vector<std::string>& prefixes) {
+    double s = 0.0;
+    for (const auto& [name, g] : graphs)
+        for (const auto& p : prefixes)
+            if (name.rfind(p, 0) == 0) {
+                s += g->seconds();
+                break;
+            }
+    return s;
+}
+
 }  // namespace ncnnport
 
 #if NCNN_VULKAN

@@ -20,6 +20,10 @@ namespace {
 
 constexpr float kMasked = -1e30f;  // runtime/masks.MASKED
 
+// The graphs a decode step runs (the embedding row, every decode layer, the head): not the audio
+// encoder's, not the prompt's prefill layers.
+const std::vector<std::string> kDecodeGraphs{"embed", "decode_layer", "lm_head"};
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -261,11 +265,8 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     gen.prompt_tokens = s;
     gen.prefill_s = seconds_since(t_prefill);
     const auto t_decode = std::chrono::steady_clock::now();
-    double graph_before = 0.0, layers_before = 0.0;
-    for (const auto& [name, g] : graphs_) {
-        graph_before += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
-        layers_before += name.rfind("decode_layer", 0) == 0 ? g->seconds() : 0.0;
-    }
+    const double graph_before = ncnnport::graph_seconds_of(graphs_, kDecodeGraphs);
+    const double layers_before = ncnnport::graph_seconds_of(graphs_, {"decode_layer"});
 #if NCNN_VULKAN
     std::unique_ptr<ncnnport::GpuKvCache> on_gpu;
     double wait_s = 0.0;
@@ -299,16 +300,12 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     timing.decode_graph_s += wait_s;
 #endif
     gen.decode_s = seconds_since(t_decode);
-    double graph_after = 0.0, layers_after = 0.0;
-    for (const auto& [name, g] : graphs_) {
-        graph_after += (name.rfind("audio", 0) == 0 || name.rfind("prefill", 0) == 0) ? 0.0 : g->seconds();
-        layers_after += name.rfind("decode_layer", 0) == 0 ? g->seconds() : 0.0;
-    }
-    timing.decode_graph_s += graph_after - graph_before;
+    timing.decode_graph_s += ncnnport::graph_seconds_of(graphs_, kDecodeGraphs) - graph_before;
 #if NCNN_VULKAN
     if (on_gpu) timing.decode_layers_s = -1.0;
 #endif
-    if (timing.decode_layers_s >= 0.0) timing.decode_layers_s += layers_after - layers_before;
+    if (timing.decode_layers_s >= 0.0)
+        timing.decode_layers_s += ncnnport::graph_seconds_of(graphs_, {"decode_layer"}) - layers_before;
     return gen;
 }
 

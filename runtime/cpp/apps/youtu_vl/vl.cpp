@@ -386,25 +386,12 @@ std::vector<float> Vl::head_logits(const std::vector<float>& last_hidden, bool s
 }
 
 double Vl::decode_graph_seconds() const {
-    double s = 0.0;
-    for (const auto& [name, g] : graphs_)
-        if (name.rfind("llm_layer", 0) == 0 || name.rfind("lm_head", 0) == 0 || name == "text_embed") s += g->seconds();
-    return s;
+    return ncnnport::graph_seconds_of(graphs_, {"llm_layer", "lm_head", "text_embed"});
 }
 
-double Vl::decode_layers_seconds() const {
-    double s = 0.0;
-    for (const auto& [name, g] : graphs_)
-        if (name.rfind("llm_layer", 0) == 0) s += g->seconds();
-    return s;
-}
+double Vl::decode_layers_seconds() const { return ncnnport::graph_seconds_of(graphs_, {"llm_layer"}); }
 
-double Vl::vision_graph_seconds() const {
-    double s = 0.0;
-    for (const auto& [name, g] : graphs_)
-        if (name.rfind("vision_", 0) == 0 || name == "merger") s += g->seconds();
-    return s;
-}
+double Vl::vision_graph_seconds() const { return ncnnport::graph_seconds_of(graphs_, {"vision_", "merger"}); }
 
 void Vl::check_positions(int prompt_tokens, int max_new_tokens) const {
     if (prompt_tokens + max_new_tokens > info_.max_positions)

@@ -276,4 +276,10 @@ private:
 // A spec file's input/output list ("inputs" or "outputs") as TensorSpecs.
 std::vector<TensorSpec> read_tensor_specs(const JsonFile& spec, const std::string& field);
 
+// Seconds spent so far in the graphs of `graphs` whose name starts with one of `prefixes` (an
+// executable's opened graphs by name: the share of a step its decode layers, its head or its
+// vision segments took, read before and after the step).
+double graph_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                        const std::vector<std::string>& prefixes);
+
 }  // namespace ncnnport
