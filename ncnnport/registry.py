@@ -142,6 +142,12 @@ class ModelPort(ABC):
         """The model's tolerance policy file (``policy.json`` in its folder)."""
         return Path(importlib.import_module(type(self).__module__).__file__).with_name("policy.json")
 
+    # The stage names its pipeline asks the policy for (``parity.policy.Policy.stage``): the
+    # orchestrator loads the policy with them, so a stage the file states or a caller asks for
+    # outside them is refused (a misspelling would silently take the mode's default gate). None:
+    # undeclared (every name taken), for ports under test only: every registered port declares it.
+    policy_stages: tuple[str, ...] | None = None
+
     @abstractmethod
     def load(self, preset: str, ckpt: Path | None) -> LoadedModel:
         """Build the torch reference from a preset (seeded) or a local HF-format checkpoint."""

@@ -72,7 +72,7 @@ def prepare(target: Target) -> Prepared:
         loaded = port.load(target.preset, ckpt, layers=target.layers)
     else:
         loaded = port.load(target.preset, ckpt)
-    policy = Policy.load(port.policy_path)
+    policy = Policy.load(port.policy_path, stages=port.policy_stages)
     specs = port.module_specs(loaded)
     for s in specs:
         if not s.tolerances:

@@ -3,6 +3,7 @@ precision mode. Reports name the policy file and its hash, so a loosened gate is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,17 +30,38 @@ def _check_kappas(raw: dict[str, Any], where: str) -> None:
 class Policy:
     path: Path | None
     data: dict[str, Any]
+    # The stage names the model's pipeline asks gates for (``ModelPort.policy_stages``); None: not
+    # declared, any name is taken. Why declared: ``stage()`` of a name no entry states falls back
+    # to the mode's default gate, so a misspelled stage (in the file or in a caller) would be
+    # judged by another budget without a word.
+    stages: frozenset[str] | None = None
 
     @classmethod
-    def load(cls, path: Path | None) -> "Policy":
+    def load(cls, path: Path | None, stages: Iterable[str] | None = None) -> "Policy":
+        """The policy at ``path`` (an empty one where there is no file); with ``stages``, every
+        stage the file states must be one of them, and ``stage()`` refuses any other name."""
+        known = None if stages is None else frozenset(stages)
         if path is None or not Path(path).is_file():
-            return cls(None, {"version": 0, "precisions": {}})
+            return cls(None, {"version": 0, "precisions": {}}, known)
         data = read_json(path)
         if "version" not in data or "precisions" not in data:
             raise ValueError(f"{path}: a policy needs 'version' and 'precisions'")
-        policy = cls(Path(path), data)
+        policy = cls(Path(path), data, known)
         policy._check_rule()
+        policy._check_stage_names()
         return policy
+
+    def _check_stage_names(self) -> None:
+        """Every ``precisions.<mode>.stages`` and ``roundoff_rule.stages`` key is a declared stage."""
+        if self.stages is None:
+            return
+        stated = [(f"precisions.{mode}.stages", name) for mode, body in self.data["precisions"].items()
+                  for name in body.get("stages", {})]
+        stated += [("roundoff_rule.stages", name) for name in (self.data.get("roundoff_rule") or {}).get("stages", {})]
+        for where, name in stated:
+            if name not in self.stages:
+                raise ValueError(f"{self.path}: {where}.{name}: not a stage of this model's pipeline "
+                                 f"({', '.join(sorted(self.stages))})")
 
     @property
     def rule(self) -> RoundoffRule | None:
@@ -146,6 +168,9 @@ class Policy:
     def stage(self, stage: str, precision: str = "fp32") -> Tolerance:
         """A pipeline stage's gate. Stages are propagated outputs (the pipeline on its own
         intermediate results), so a derived one takes the rule's propagated amplification."""
+        if self.stages is not None and stage not in self.stages:
+            raise ValueError(f"policy {self.path.name if self.path else '(none)'}: no stage {stage!r} in this "
+                             f"model's pipeline ({', '.join(sorted(self.stages))})")
         mode = self._mode(precision)
         raw = mode.get("stages", {}).get(stage)
         derived = self._derived(precision, "stages", stage, propagated=True)

@@ -41,6 +41,7 @@ class Qwen3ASRPort(KitPort):
 
     name = "qwen3-asr"
     presets = ("tiny", "real")
+    policy_stages = ("log_mel", "audio_embeds", "logits")
     layer_stacks = (LayerStack("text_config.num_hidden_layers", "text layers", ("text_config.layer_types",)),
                     LayerStack("audio_config.encoder_layers", "audio layers"))
 

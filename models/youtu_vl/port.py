@@ -52,6 +52,7 @@ class YoutuVLPort(KitPort):
 
     name = "youtu-vl"
     presets = ("tiny", "mid", "real")
+    policy_stages = ("vision", "visual_tokens", "text_embeds", "hidden", "last_logits")
     layer_stacks = (LayerStack("text.num_hidden_layers", "LLM layers"),)
 
     def config_folder(self, preset: str, ckpt: Path | None) -> Path:

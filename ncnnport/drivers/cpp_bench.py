@@ -557,6 +557,12 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
         kinds.add(case.kind)
         if len(kinds) > 1:
             raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
+        gate = None
+        if case.kind == "decode":   # before any run: an unknown stage must not cost a bench
+            try:
+                gate = ids_gate(policy, precision, vulkan, case.logits_stage)
+            except ValueError as e:
+                raise BenchError(f"bench-cpp {model} {case.label}: logits_stage: {e}") from None
         calls = case_calls(case, exe, json_out, torch, vulkan, precision, huge_pages)
         peaks: dict[str, list[int]] = {name: [] for name in calls}
         runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
@@ -564,7 +570,7 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
         row = case_row(case, {k: runs[k] for k in RUNTIMES if k in runs}, new_tokens)
         if case.kind == "decode":
             add_flip_margins(row, runs, case.python_logits_at)
-            judge_flips(row, ids_gate(policy, precision, vulkan, case.logits_stage))
+            judge_flips(row, gate)
         for name, values in peaks.items():
             row[name]["peak_rss_mb"] = spread([mb(v) for v in values])
         rows.append(row)
@@ -768,11 +774,11 @@ def ids_gate(policy: Any, precision: str, vulkan: bool, logits_stage: str) -> di
     from ncnnport.runtime.precision import get, judging_mode
 
     mode = judging_mode(get(precision), vulkan)
+    tol = None if policy is None else policy.stage(logits_stage, mode)  # refuses a stage the model lacks
     if precision in IDS_NOT_GATED:
         return {"tokens": "reported", "mode": mode}  # why: IDS_NOT_GATED, printed under the table
     if policy is None or policy.token_gate(mode).get("mode", "exact") == "exact":
         return {"tokens": "exact", "mode": mode}
-    tol = policy.stage(logits_stage, mode)
     return {"tokens": "near_tie", "mode": mode, "stage": logits_stage, "max_abs_rel": tol.max_abs_rel,
             "max_abs_floor": tol.max_abs_floor, "near_tie_factor": NEAR_TIE_FACTOR}
 

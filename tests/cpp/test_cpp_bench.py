@@ -532,6 +532,7 @@ class FakeBenchPort(NoBenchPort):
 
     name = "fake-bench"
     cpp_bench_sizes = (3,)
+    logits_stage = "logits"
 
     def bench_token_stage(self) -> str | None:
         return "token"
@@ -547,7 +548,8 @@ class FakeBenchPort(NoBenchPort):
             ids = list(range(1, size + 1))
             yield CppBenchCase(f"P={size}", "decode", ["--ids", ",".join(map(str, ids)), "--prompt", "7"],
                                lambda ids=ids: DecodeRun("python", 7, ids, 0.3, len(ids) - 1),
-                               lambda ids=ids: DecodeRun("torch", 7, ids, 0.6, len(ids) - 1), {"from_port": size})
+                               lambda ids=ids: DecodeRun("torch", 7, ids, 0.6, len(ids) - 1), {"from_port": size},
+                               logits_stage=self.logits_stage)
 
 
 @pytest.fixture
@@ -587,6 +589,30 @@ def test_the_driver_runs_any_port_through_its_hook(fake_models, tmp_path):
     assert row["cpp"]["per_token_ms"]["median"] == pytest.approx(200 / 3)
     assert row["python_over_cpp"]["median"] == pytest.approx(1.5) and row["torch_ids_equal_cpp"] == [True, True]
     assert port.seen == [(tmp_path / "pkg", 1, [3, 4], 4)]
+
+
+@pytest.mark.parametrize("precision", ["fp16-storage", "int8-weights"])
+def test_a_logits_stage_the_models_pipeline_lacks_is_refused_before_any_run(fake_models, tmp_path, monkeypatch,
+                                                                           precision):
+    """Under a policy loaded with the model's stages, a case naming another stage fails in one line
+    naming the case and the stage, before the executable or a loop runs (a misspelling would
+    otherwise judge flips by the mode's default gate), in every precision (int8 ids are reported,
+    not gated, and still checked)."""
+    from ncnnport.parity.policy import Policy
+
+    port = fake_models["fake-bench"]
+    monkeypatch.setattr(port, "logits_stage", "logit")
+    policy = Policy.load(ROOT / "models" / "qwen3_asr" / "policy.json", stages=("log_mel", "logits"))
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=port, loaded=None, policy=policy)
+    seen: list[str] = []
+    with pytest.raises(cpp_bench.BenchError, match=r"fake-bench P=3: logits_stage: .*no stage 'logit'"):
+        cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=1, precision=precision,
+                            log=seen.append)
+    assert not [m for m in seen if "P=3:" in m], seen
+    monkeypatch.setattr(port, "logits_stage", "logits")
+    assert cpp_bench.run_bench(prep, tmp_path / "pkg", [3], new_tokens=3, rounds=1, precision=precision,
+                               log=lambda _m: None)["rows"]
 
 
 class TinyLazy(LazyModel):
