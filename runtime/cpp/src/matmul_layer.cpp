@@ -222,6 +222,14 @@ void weighted_any512(int M, const float* w, int K, const T* v, int J, float* out
 // registers); on an AVX2-only CPU these products stay on the built-in.
 #define MATMUL_TARGET_512 __attribute__((target("avx512f,avx2,fma")))
 
+// A weighted sum's k chunk: 64 cache rows (128 KB at Youtu-VL's 512-wide latent, in L2). And how
+// far ahead (in cache rows) its tiles prefetch the row they read a few floats of next into L1.
+// Both chosen on the 2-core Xeon over kc 32-256 and 4-16 rows (ncnnport-matmul-check --heads 1
+// --m 32 --k 1000 --n 512 --trans-b 0 --rounds 61 [--cold], 3 runs each): 64 / 8 read the cold
+// P=1000 product in 0.383-0.387 ms, 256 / none (the kernel before) in 0.51-0.54.
+constexpr int kWeightedChunkRows = 64;
+constexpr int kWeightedRowAhead = 8;
+
 // Both products as one transposed kernel: out[m][n] = sum_k q[m][k] c(n, k), where c(n, k) is
 // c[n * cn + k * ck]: the cache rows for the scores (cn = K, ck = 1), the cache columns for the
 // weighted sums (cn = 1, ck = J). acc[t][v] holds out[16 v + lane][n + t]: the M query (or
@@ -229,18 +237,51 @@ void weighted_any512(int M, const float* w, int K, const T* v, int J, float* out
 // broadcast once per tile. V vectors of rows (V = ceil(M / 16)) by T outputs: V * T
 // accumulators, V + T loads per V * T multiply-adds, no horizontal sums. Each output is one fused
 // chain over k ascending from zero, so the weighted sums are exactly weighted_any's chain.
+//
+// One k of a tile: V query vectors against T broadcast elements of c (c_k = c(0, k)).
 template <int V, int T>
-MATMUL_TARGET_512 void many_rows_tile(const float* qt, int k0, int k1, const float* c, size_t cn, size_t ck, float* part, bool first) {
+MATMUL_TARGET_512 inline void many_rows_step(__m512 (&acc)[T][V], const float* qt_k, const float* c_k, size_t cn) {
+    __m512 q[V];
+    for (int v = 0; v < V; ++v) q[v] = _mm512_loadu_ps(qt_k + 16 * v);
+    for (int t = 0; t < T; ++t) {
+        const __m512 x = _mm512_set1_ps(c_k[t * cn]);
+        for (int v = 0; v < V; ++v) acc[t][v] = _mm512_fmadd_ps(x, q[v], acc[t][v]);
+    }
+}
+
+// A tile over k in [k0, k1) into `part` (from zero when `first`, else on from the partial sums
+// there). Its prefetches keep the next reads in flight while it computes, since a decode step
+// finds the cache cold (the weights streamed since evicted it):
+// - `Rows` (the scores: cache rows, cn = K, ck = 1): the next tile's rows, `next`, one line of
+//   each per 16 k, a tile's compute ahead. The hardware prefetchers follow T interleaved rows
+//   poorly; this took the cold P=1000 latent scores from 0.42-0.45 to 0.32-0.33 ms (warm 0.24-0.25
+//   either way; same command as kWeightedChunkRows with --k 512 --n 1000 --trans-b 1).
+// - else (the weighted sums: cache columns, cn = 1, ck = J): the row kWeightedRowAhead ahead of
+//   the one read (a new line each k, at the cache's row stride, which they do not follow) into
+//   L1, and the first `pf_lines` lines at `pf` of the next chunk into L2, one per k (spread over
+//   the chunk's tiles in address order: one sequential read, smoothly overlapped).
+template <int V, int T, bool Rows>
+MATMUL_TARGET_512 void many_rows_tile(const float* qt, int k0, int k1, const float* c, size_t cn, size_t ck, float* part, bool first,
+                                      const float* next, const char* pf, int pf_lines) {
     __m512 acc[T][V];
     for (int t = 0; t < T; ++t)
         for (int v = 0; v < V; ++v) acc[t][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(part + (t * V + v) * 16);
-    for (int k = k0; k < k1; ++k) {
-        __m512 q[V];
-        for (int v = 0; v < V; ++v) q[v] = _mm512_loadu_ps(qt + static_cast<size_t>(k) * 16 * V + 16 * v);
-        const float* ck_row = c + static_cast<size_t>(k) * ck;
-        for (int t = 0; t < T; ++t) {
-            const __m512 x = _mm512_set1_ps(ck_row[t * cn]);
-            for (int v = 0; v < V; ++v) acc[t][v] = _mm512_fmadd_ps(x, q[v], acc[t][v]);
+    if (Rows) {
+        for (int kb = k0; kb < k1; kb += 16) {
+            for (int t = 0; t < T; ++t) _mm_prefetch(reinterpret_cast<const char*>(next + t * cn + kb), _MM_HINT_T1);
+            const int ke = std::min(k1, kb + 16);
+            for (int k = kb; k < ke; ++k) many_rows_step<V, T>(acc, qt + static_cast<size_t>(k) * 16 * V, c + k, cn);
+        }
+    } else {
+        int k = k0;
+        for (const int kp = std::min(k1, k0 + pf_lines); k < kp; ++k) {
+            _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<size_t>(k + kWeightedRowAhead) * ck), _MM_HINT_T0);
+            _mm_prefetch(pf + 64 * (k - k0), _MM_HINT_T1);
+            many_rows_step<V, T>(acc, qt + static_cast<size_t>(k) * 16 * V, c + static_cast<size_t>(k) * ck, cn);
+        }
+        for (; k < k1; ++k) {
+            _mm_prefetch(reinterpret_cast<const char*>(c + static_cast<size_t>(k + kWeightedRowAhead) * ck), _MM_HINT_T0);
+            many_rows_step<V, T>(acc, qt + static_cast<size_t>(k) * 16 * V, c + static_cast<size_t>(k) * ck, cn);
         }
     }
     for (int t = 0; t < T; ++t)
@@ -273,13 +314,17 @@ void many_rows_range(const float* qt, int M, int K, int kc, const float* c, size
             for (int m = 0; m < M; ++m)
                 for (int t = 0; t < cols; ++t) out[static_cast<size_t>(m) * N + n + t] = tile[t * 16 * V + m];
         };
+        // a scores tile prefetches the next tile's rows (the last one its own); a weighted sum of
+        // one chunk (K <= kc) has its block prefetched above
         int n = n0;
         for (; n + T <= n1; n += T) {
-            many_rows_tile<V, T>(qt, 0, K, c + n * cn, cn, ck, tile, true);
+            if (by_columns) many_rows_tile<V, T, false>(qt, 0, K, c + n * cn, cn, ck, tile, true, nullptr, nullptr, 0);
+            else many_rows_tile<V, T, true>(qt, 0, K, c + n * cn, cn, ck, tile, true, c + std::min(n + T, n1 - T) * cn, nullptr, 0);
             put(n, T);
         }
         for (; n < n1; ++n) {
-            many_rows_tile<V, 1>(qt, 0, K, c + n * cn, cn, ck, tile, true);
+            if (by_columns) many_rows_tile<V, 1, false>(qt, 0, K, c + n * cn, cn, ck, tile, true, nullptr, nullptr, 0);
+            else many_rows_tile<V, 1, true>(qt, 0, K, c + n * cn, cn, ck, tile, true, c + std::min(n + 1, n1 - 1) * cn, nullptr, 0);
             put(n, 1);
         }
         return;
@@ -290,17 +335,21 @@ void many_rows_range(const float* qt, int M, int K, int kc, const float* c, size
         const auto [next, next_bytes] = by_columns && k1 < K ? block(k1) : std::make_pair(static_cast<const char*>(nullptr), size_t{0});
         const size_t per_tile = (next_bytes / 64 + tiles) / std::max(1, tiles) * 64;
         size_t ahead = 0;
-        auto prefetch_some = [&]() {
-            for (const size_t end = std::min(next_bytes, ahead + per_tile); ahead < end; ahead += 64) _mm_prefetch(next + ahead, _MM_HINT_T1);
+        auto lines = [&]() {   // the next block's lines this tile prefetches, one per k while they last
+            const size_t end = std::min(next_bytes, ahead + per_tile);
+            const int count = static_cast<int>((end - ahead) / 64);
+            const size_t at = ahead;
+            ahead = end;
+            return std::make_pair(next + at, count);
         };
         int n = n0;
         for (; n + T <= n1; n += T) {
-            prefetch_some();
-            many_rows_tile<V, T>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0);
+            const auto [pf, count] = lines();
+            many_rows_tile<V, T, false>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0, nullptr, pf, count);
         }
         for (; n < n1; ++n) {
-            prefetch_some();
-            many_rows_tile<V, 1>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0);
+            const auto [pf, count] = lines();
+            many_rows_tile<V, 1, false>(qt, k0, k1, c + n * cn, cn, ck, part + (n - n0) * 16 * V, k0 == 0, nullptr, pf, count);
         }
     }
     for (int m = 0; m < M; ++m)
@@ -312,9 +361,9 @@ void many_rows_range(const float* qt, int M, int K, int kc, const float* c, size
 // the widest tile whose V * T accumulators fit the registers.
 void many_rows(int M, const float* q, int K, const float* c, size_t cn, size_t ck, int n0, int n1, float* out, int N) {
     const int V = (M + 15) / 16;
-    // kc: the scores read whole cache rows (one chunk); a weighted sum's chunk of 256 cache rows is
-    // 512 KB at Youtu-VL's 512-wide latent, inside L2 on the machines measured (1-2 MB per core)
-    const int kc = ck == 1 ? K : 256;
+    // kc: the scores read whole cache rows (one chunk); a weighted sum's chunk is
+    // kWeightedChunkRows cache rows, inside L2 on the machines measured (1-2 MB per core)
+    const int kc = ck == 1 ? K : kWeightedChunkRows;
     // per-thread buffers kept across calls: a fresh block of this size (344 KB at 2685 cache rows)
     // would come from mmap past glibc's threshold and be faulted in page by page on every call
     thread_local std::vector<float> qt_buffer, part_buffer;
