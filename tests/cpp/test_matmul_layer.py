@@ -31,9 +31,10 @@ MAX_ROWS = 64  # kMatmulMaxRows: the many-row kernels above STREAM_ROWS (AVX-512
 # (heads, M, K, N): Qwen3-ASR's decode (8 KV heads, 2 query heads each, d = 128) at a short and
 # a long context; query rows in every split the scores take (passes of 4, then 3, 2 or 1 rows:
 # M = 1-8); K through each of the kernels' steps (16-blocks, one 8-block, a scalar rest: 13, 20,
-# 24, 40); the most rows the stream kernels take; 1 x 1 x 1.
+# 24, 40); the most rows the stream kernels take; 1 x 1 x 1; the scores' head groups (heads side by
+# side: 4 of Qwen3-ASR's 8, then 2 of 6 heads, one of 3).
 SHAPES = [(8, 2, 128, 100), (8, 2, 128, 1039), (3, 5, 13, 7), (2, STREAM_ROWS, 64, 101), (1, 1, 1, 1), (4, 3, 20, 4),
-          (2, 6, 24, 9), (2, 7, 40, 5), (1, 4, 128, 33)]
+          (2, 6, 24, 9), (2, 7, 40, 5), (1, 4, 128, 33), (6, 1, 24, 9), (3, 4, 40, 17)]
 # The many-row kernels: Youtu-VL's MLA decode (one head, 32 query rows; latent 512 and rope 64
 # wide; both products, the weighted one also as the model has it: 1039 cache rows of 512) at a
 # short and a long context, and two new tokens (64 rows); query rows
@@ -96,6 +97,19 @@ def test_many_row_kernels_give_the_same_bits_at_any_thread_count(check, trans_b,
         pytest.skip("this CPU lacks AVX-512F: the many-row kernels do not run")
     assert all(o["kernel_calls"] == 1 for o in outs), outs
     assert (tmp_path / "1.bin").read_bytes() == (tmp_path / "2.bin").read_bytes() == (tmp_path / "3.bin").read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["fp32", "fp16"])
+def test_stream_scores_give_the_same_bits_in_any_head_group(check, cache, tmp_path):
+    """The few-row scores read 4, 2 or 1 heads' cache slices side by side, as many as still give
+    every thread a group (8 heads: 4 at 1-2 threads, 2 at 3-4, 1 at 5); each output is the same
+    chain in every grouping."""
+    extra = ["--fp16-cache"] if cache == "fp16" else []
+    outs = [run_check(check, 8, 2, 40, 101, "--trans-b", "1", "--threads", str(t), "--seed", "5", *extra,
+                      "--dump", str(tmp_path / f"{t}.bin")) for t in (1, 3, 5)]
+    assert all(o["kernel_calls"] == 1 and o["max_diff_over_bound"] <= 1.0 for o in outs), outs
+    assert (tmp_path / "1.bin").read_bytes() == (tmp_path / "3.bin").read_bytes() == (tmp_path / "5.bin").read_bytes()
 
 
 @pytest.mark.slow

@@ -75,34 +75,59 @@ inline void prefetch_row(const void* row, size_t bytes, int fetch) {
 }
 
 // out[r][n] = sum_k q[r][k] c[n][k] for R (1-4) query rows against every cache row of c (rows K
-// apart). Each cache row is read whole before the next, so the cache slice is one sequential
-// stream; the query rows stay in L1. Per query row two 8-lane partial sums (even and odd 8-blocks
+// apart), for H heads at once (qs[h], cs[h], outs[h]): row n of each head in turn. Each cache row
+// is read whole before the next, so each head's cache slice is one sequential stream; the query
+// rows stay in L1. Per query row two 8-lane partial sums (even and odd 8-blocks
 // of k), added and their lanes summed at the end of the cache row. Why row by row: the first
 // version read four cache rows side by side, k by k, and ran at ~7 GB/s on one EPYC thread over a
 // cold 4 MB slice; this order reads it at ~14 GB/s, 2.0-2.4x faster (runtime/cpp/README.md,
-// "Decode attention").
-template <int R, int Prefetch, typename T>
-MATMUL_TARGET_F16 void scores_rows(const float* q, int K, const T* c, int N, float* out, int out_stride) {
+// "Decode attention"). Why H heads side by side: one stream at a time kept too few reads in flight
+// from memory. On the 2-core Xeon (8 KV heads x 2 rows x 128, fp16 rows, P = 1000, cold, one
+// thread: ncnnport-matmul-check --heads 8 --m 2 --k 128 --n 1000 --trans-b 1 --fp16-cache --cold
+// --rounds 81) the product took 0.32-0.33 ms one head at a time, 0.25-0.26 two, 0.205-0.209 four
+// and 0.207 eight. Each output is the same chain, so the bits do not change.
+template <int R, int H, int Prefetch, typename T>
+MATMUL_TARGET_F16 void scores_rows_of(const float* const* qs, int K, const T* const* cs, int N, float* const* outs, int out_stride) {
     const int K16 = K - K % 16, K8 = K - K % 8;
     for (int n = 0; n < N; ++n) {
-        const T* row = c + static_cast<size_t>(n) * K;
-        if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(T), Prefetch);
-        __m256 even[R], odd[R];
-        for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-        int k = 0;
-        for (; k < K16; k += 16) {
-            const __m256 x = cache_load8(row + k), y = cache_load8(row + k + 8);
-            for (int r = 0; r < R; ++r) {
-                even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
-                odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k + 8), y, odd[r]);
+        for (int h = 0; h < H; ++h) {
+            const float* q = qs[h];
+            float* out = outs[h];
+            const T* row = cs[h] + static_cast<size_t>(n) * K;
+            if (Prefetch) prefetch_row(row, static_cast<size_t>(K) * sizeof(T), Prefetch);
+            __m256 even[R], odd[R];
+            for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+            int k = 0;
+            for (; k < K16; k += 16) {
+                const __m256 x = cache_load8(row + k), y = cache_load8(row + k + 8);
+                for (int r = 0; r < R; ++r) {
+                    even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
+                    odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k + 8), y, odd[r]);
+                }
             }
+            for (; k < K8; k += 8) {
+                const __m256 x = cache_load8(row + k);
+                for (int r = 0; r < R; ++r) even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
+            }
+            for (int r = 0; r < R; ++r)
+                out[static_cast<size_t>(r) * out_stride + n] = sum8(_mm256_add_ps(even[r], odd[r])) + dot_tail(q + r * K, row, K8, K);
         }
-        for (; k < K8; k += 8) {
-            const __m256 x = cache_load8(row + k);
-            for (int r = 0; r < R; ++r) even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * K + k), x, even[r]);
-        }
-        for (int r = 0; r < R; ++r)
-            out[static_cast<size_t>(r) * out_stride + n] = sum8(_mm256_add_ps(even[r], odd[r])) + dot_tail(q + r * K, row, K8, K);
+    }
+}
+
+template <int R, int Prefetch, typename T>
+void scores_rows(const float* q, int K, const T* c, int N, float* out, int out_stride) {
+    scores_rows_of<R, 1, Prefetch>(&q, K, &c, N, &out, out_stride);
+}
+
+// The scores of H heads of at most 4 query rows each (one pass over their slices, side by side).
+template <int H, int Prefetch, typename T>
+void scores_heads(int M, const float* const* qs, int K, const T* const* cs, int N, float* const* outs) {
+    switch (M) {
+    case 4: scores_rows_of<4, H, Prefetch>(qs, K, cs, N, outs, N); break;
+    case 3: scores_rows_of<3, H, Prefetch>(qs, K, cs, N, outs, N); break;
+    case 2: scores_rows_of<2, H, Prefetch>(qs, K, cs, N, outs, N); break;
+    default: scores_rows_of<1, H, Prefetch>(qs, K, cs, N, outs, N); break;
     }
 }
 
@@ -464,6 +489,27 @@ private:
         const int heads = A.c, M = A.h, K = A.w;
         const int N = top.w;
         const bool fp16 = B.elemsize == 2, wide = matmul_stream_avx512();
+        if (scores_case && M <= 4) {
+            // heads side by side (scores_rows_of), in groups of 4, 2 or 1: as many as still give
+            // every thread a group
+            const int group = heads % 4 == 0 && heads / 4 >= threads ? 4 : heads % 2 == 0 && heads / 2 >= threads ? 2 : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+            for (int p = 0; p < heads; p += group) {
+                const float* qs[4];
+                float* outs[4];
+                const unsigned short* halves[4];
+                const float* floats[4];
+                for (int h = 0; h < group; ++h) {
+                    qs[h] = A.channel(p + h);
+                    outs[h] = top.channel(p + h);
+                    halves[h] = static_cast<const unsigned short*>(B.channel(p + h).data);
+                    floats[h] = B.channel(p + h);
+                }
+                if (fp16) scores_group<Prefetch>(group, M, qs, K, halves, N, outs);
+                else scores_group<Prefetch>(group, M, qs, K, floats, N, outs);
+            }
+            return;
+        }
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
         for (int p = 0; p < heads; ++p) {
             const float* a = A.channel(p);
@@ -471,6 +517,13 @@ private:
             if (fp16) one_head<Prefetch>(wide, scores_case, M, a, K, static_cast<const unsigned short*>(B.channel(p).data), N, out);
             else one_head<Prefetch>(wide, scores_case, M, a, K, static_cast<const float*>(B.channel(p)), N, out);
         }
+    }
+
+    template <int Prefetch, typename T>
+    static void scores_group(int group, int M, const float* const* qs, int K, const T* const* cs, int N, float* const* outs) {
+        if (group == 4) scores_heads<4, Prefetch>(M, qs, K, cs, N, outs);
+        else if (group == 2) scores_heads<2, Prefetch>(M, qs, K, cs, N, outs);
+        else scores_heads<1, Prefetch>(M, qs, K, cs, N, outs);
     }
 
     // One head's product by the stream kernels: the weighted sums in the register width chosen
