@@ -483,7 +483,9 @@ public:
     }
 
 private:
-    // The few-row products, one head per task: each head's cache slice is one sequential stream.
+    // The few-row products: each head's cache slice is one sequential stream; the scores of up to
+    // 4 query rows read a group of heads' streams side by side per task (scores_rows_of), the
+    // rest one head per task.
     template <int Prefetch>
     static void stream_heads(const ncnn::Mat& A, const ncnn::Mat& B, ncnn::Mat& top, bool scores_case, int threads) {
         const int heads = A.c, M = A.h, K = A.w;
