@@ -119,6 +119,7 @@ def frames_distance(frames: np.ndarray, path: Path, policy: Path) -> dict[str, A
     fp32 frames gate (cosine over image rows, at most 1 level), as parity judges them."""
     from ncnnport.metrics import compare, judge
     from ncnnport.models.seedvr2.frames import image_rows, image_stats
+    from ncnnport.models.seedvr2.port import POLICY_STAGES
     from ncnnport.parity.policy import Policy
 
     ref = np.load(path, allow_pickle=False)
@@ -126,7 +127,7 @@ def frames_distance(frames: np.ndarray, path: Path, policy: Path) -> dict[str, A
         raise ValueError(f"--compare {path}: uint8 frames {list(frames.shape)} expected, "
                          f"got {ref.dtype} {list(ref.shape)}")
     stats = compare(image_rows(ref), image_rows(frames), what="frames")
-    ok, why = judge(stats, Policy.load(policy).stage("frames", "fp32"))
+    ok, why = judge(stats, Policy.load(policy, stages=POLICY_STAGES).stage("frames", "fp32"))
     return {"file": str(path), **image_stats(ref, frames), "cosine": stats.cosine,
             "worst_row_cosine": stats.worst_row_cosine, "frames_gate": "pass" if ok else f"fail: {why}"}
 

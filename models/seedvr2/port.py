@@ -218,6 +218,10 @@ NUMPY_NOISE_NOTE = ("note: noise drawn with numpy's generator for --seed: not th
                     "differ from the torch run path's; pass --noise FILE.npz for given values")
 
 
+# The policy stages its pipelines ask gates for (ModelPort.policy_stages; e2e_measure's --compare too).
+POLICY_STAGES = ("latent", "blocks", "vid_out", "decoded", "frames", "residency", "tiling_decode", "tiling_encode")
+
+
 class SeedVR2Port(KitPort):
     """``tiny``: the built preset (first ``layers`` blocks kept). ``real``: SeedVR2-3B dims with
     seeded per-tensor weights, and a checkpoint folder (safetensors, or official ``.pth`` files
@@ -227,8 +231,7 @@ class SeedVR2Port(KitPort):
 
     name = "seedvr2"
     presets = ("tiny", "real")
-    policy_stages = ("latent", "blocks", "vid_out", "decoded", "frames", "residency",
-                     "tiling_decode", "tiling_encode")
+    policy_stages = POLICY_STAGES
 
     @property
     def layer_stacks(self):  # declared with the config (model.truncate cuts built models with it)
