@@ -385,7 +385,9 @@ def cmd_isa_replay(args: argparse.Namespace) -> int:
         if not path.is_file():
             say(f"ncnnport isa-replay: error: {path} not found", sys.stderr)
             return 2
-    rows = replay(args.package, args.cases, Policy.load(args.policy))
+    from ncnnport.package.manifest import load_manifest, package_modules
+    graphs = package_modules(load_manifest(args.package / "manifest.json")["files"])
+    rows = replay(args.package, args.cases, Policy.load(args.policy, modules=graphs))
     print(replay_table(rows))
     return 0 if all(r["passed"] for r in rows) else 1
 

@@ -72,8 +72,8 @@ def prepare(target: Target) -> Prepared:
         loaded = port.load(target.preset, ckpt, layers=target.layers)
     else:
         loaded = port.load(target.preset, ckpt)
-    policy = Policy.load(port.policy_path, stages=port.policy_stages)
     specs = port.module_specs(loaded)
+    policy = Policy.load(port.policy_path, stages=port.policy_stages, modules=[s.name for s in specs])
     for s in specs:
         if not s.tolerances:
             s.tolerances = policy.module(s.name, "fp32")

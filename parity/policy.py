@@ -35,33 +35,54 @@ class Policy:
     # to the mode's default gate, so a misspelled stage (in the file or in a caller) would be
     # judged by another budget without a word.
     stages: frozenset[str] | None = None
+    # The graph names gates are asked for (the specs' names, or a package's graphs); None: any.
+    # Why: ``module()`` of a name no entry states gives the default gate too, so a module entry
+    # with a misspelled name would never apply and its module would be judged by the default.
+    modules: frozenset[str] | None = None
 
     @classmethod
-    def load(cls, path: Path | None, stages: Iterable[str] | None = None) -> "Policy":
-        """The policy at ``path`` (an empty one where there is no file); with ``stages``, every
-        stage the file states must be one of them, and ``stage()`` refuses any other name."""
-        known = None if stages is None else frozenset(stages)
+    def load(cls, path: Path | None, stages: Iterable[str] | None = None,
+             modules: Iterable[str] | None = None) -> "Policy":
+        """The policy at ``path`` (an empty one where there is no file); with ``stages`` /
+        ``modules``, every stage / module the file states must be one of them, and ``stage()`` /
+        ``module()`` refuse any other name."""
+        known_stages = None if stages is None else frozenset(stages)
+        known_modules = None if modules is None else frozenset(modules)
         if path is None or not Path(path).is_file():
-            return cls(None, {"version": 0, "precisions": {}}, known)
+            return cls(None, {"version": 0, "precisions": {}}, known_stages, known_modules)
         data = read_json(path)
         if "version" not in data or "precisions" not in data:
             raise ValueError(f"{path}: a policy needs 'version' and 'precisions'")
-        policy = cls(Path(path), data, known)
+        policy = cls(Path(path), data, known_stages, known_modules)
         policy._check_rule()
-        policy._check_stage_names()
+        policy._check_names("stages", policy.stages, "a stage of this model's pipeline")
+        policy._check_names("modules", policy.modules, "a graph of this model")
         return policy
 
-    def _check_stage_names(self) -> None:
-        """Every ``precisions.<mode>.stages`` and ``roundoff_rule.stages`` key is a declared stage."""
-        if self.stages is None:
+    def _stated(self, section: str) -> list[tuple[str, str]]:
+        """(where, name) of every entry the file states in ``section`` ("stages" / "modules"):
+        under each precision mode and the roundoff rule (for modules, its propagated part too)."""
+        rule = self.data.get("roundoff_rule") or {}
+        stated = [(f"precisions.{mode}.{section}", name) for mode, body in self.data["precisions"].items()
+                  for name in body.get(section, {})]
+        stated += [(f"roundoff_rule.{section}", name) for name in rule.get(section, {})]
+        if section == "modules":
+            stated += [("roundoff_rule.propagated.modules", name)
+                       for name in (rule.get("propagated") or {}).get("modules", {})]
+        return stated
+
+    def _check_names(self, section: str, known: frozenset[str] | None, what: str) -> None:
+        """Every name the file states in ``section`` is in ``known`` (when declared)."""
+        if known is None:
             return
-        stated = [(f"precisions.{mode}.stages", name) for mode, body in self.data["precisions"].items()
-                  for name in body.get("stages", {})]
-        stated += [("roundoff_rule.stages", name) for name in (self.data.get("roundoff_rule") or {}).get("stages", {})]
-        for where, name in stated:
-            if name not in self.stages:
-                raise ValueError(f"{self.path}: {where}.{name}: not a stage of this model's pipeline "
-                                 f"({', '.join(sorted(self.stages))})")
+        for where, name in self._stated(section):
+            if name not in known:
+                raise ValueError(f"{self.path}: {where}.{name}: not {what} ({', '.join(sorted(known))})")
+
+    def _refuse_unknown(self, kind: str, name: str, known: frozenset[str] | None, what: str) -> None:
+        if known is not None and name not in known:
+            raise ValueError(f"policy {self.path.name if self.path else '(none)'}: no {kind} {name!r} in this "
+                             f"{what} ({', '.join(sorted(known))})")
 
     @property
     def rule(self) -> RoundoffRule | None:
@@ -145,6 +166,7 @@ class Policy:
         """LOCAL gates for a module's outputs (the module fed the reference's exact inputs: local
         parity, golden vectors, the trace's local check): ``{"*": default}`` plus any per-output
         overrides."""
+        self._refuse_unknown("module", name, self.modules, "model's graphs")
         mode = self._mode(precision)
         base = self.default(precision)
         derived = self._derived(precision, "modules", name)
@@ -162,15 +184,14 @@ class Policy:
         outputs (the first-divergence trace's propagated check): the local gates of
         :meth:`module` where no rule derives them, else the rule raised to its propagated
         amplification."""
+        self._refuse_unknown("module", name, self.modules, "model's graphs")
         derived = self._derived(precision, "modules", name, propagated=True)
         return {"*": derived} if derived is not None else self.module(name, precision)
 
     def stage(self, stage: str, precision: str = "fp32") -> Tolerance:
         """A pipeline stage's gate. Stages are propagated outputs (the pipeline on its own
         intermediate results), so a derived one takes the rule's propagated amplification."""
-        if self.stages is not None and stage not in self.stages:
-            raise ValueError(f"policy {self.path.name if self.path else '(none)'}: no stage {stage!r} in this "
-                             f"model's pipeline ({', '.join(sorted(self.stages))})")
+        self._refuse_unknown("stage", stage, self.stages, "model's pipeline")
         mode = self._mode(precision)
         raw = mode.get("stages", {}).get(stage)
         derived = self._derived(precision, "stages", stage, propagated=True)

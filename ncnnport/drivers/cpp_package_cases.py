@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -73,9 +73,12 @@ def token_rows(case: Any, out: dict[str, Any], exe_name: str) -> list[dict[str, 
     return rows
 
 
-def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32") -> list[dict[str, Any]]:
+def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32",
+               stages: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """The C++ frames against ``expected.frames_sha256`` (bytes), else against ``expected.png``
-    by the packaged policy's frames gate of ``mode`` (ncnn builds differ in the last bits)."""
+    by the packaged policy's frames gate of ``mode`` (ncnn builds differ in the last bits). With
+    ``stages`` (the model's ``policy_stages``) the packaged policy is read with them, so a model
+    whose pipeline has no frames stage is refused rather than judged by the mode's default."""
     from PIL import Image
 
     from ncnnport.parity.policy import Policy
@@ -94,16 +97,18 @@ def frame_rows(case: Any, out: dict[str, Any], exe_name: str, package: Path, mod
                            "(no expected.png or policy.json to judge by the frames gate)"}]
     want = np.asarray(Image.open(case.inputs["expected"]).convert("RGB"))
     want = want.reshape(got.shape) if want.size == got.size else want[None]
-    gate = Policy.load(policy).stage(FRAMES_POLICY_STAGE, mode)
+    gate = Policy.load(policy, stages=stages).stage(FRAMES_POLICY_STAGE, mode)
     return [frame_record(case.name, stage, want, got, gate)]
 
 
-def judge(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32") -> list[dict[str, Any]]:
-    """The rows of one case by what it expects: token ids, or frames (judged in policy ``mode``)."""
+def judge(case: Any, out: dict[str, Any], exe_name: str, package: Path, mode: str = "fp32",
+          stages: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of one case by what it expects: token ids, or frames (judged in policy ``mode``,
+    the policy read with the model's ``stages`` when given)."""
     if "token_ids" in case.expected:
         return token_rows(case, out, exe_name)
     if "frames_sha256" in case.expected:
-        return frame_rows(case, out, exe_name, package, mode)
+        return frame_rows(case, out, exe_name, package, mode, stages)
     raise CppRuntimeError(f"{case.folder / 'case.json'}: expected holds neither token_ids nor frames_sha256")
 
 
@@ -136,7 +141,8 @@ def check_package_case(model: str, package: Path, exe_dir: Path, launcher: Seque
         except NotImplementedError as exc:
             raise CppRuntimeError(str(exc)) from None
         out, seconds = run_case(launcher, exe, argv, Path(tmp) / "out.json")
-        return judge(case, out, exe.name, Path(package), "vulkan_fp32" if vulkan else "fp32"), seconds, case.name
+        mode = "vulkan_fp32" if vulkan else "fp32"
+        return judge(case, out, exe.name, Path(package), mode, port.policy_stages), seconds, case.name
 
 
 def row_detail(r: dict[str, Any]) -> str:

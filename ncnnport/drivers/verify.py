@@ -20,7 +20,7 @@ import importlib.metadata
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ncnnport.contract import Tolerance
 from ncnnport.metrics import compare, judge
@@ -92,9 +92,12 @@ def package_judging_mode(folder: Path, options: RuntimeOptions) -> str:
     return judging_mode(options, read_package_precision(folder))
 
 
-def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str) -> Callable[[str], Tolerance]:
+def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str,
+           graphs: Iterable[str]) -> Callable[[str], Tolerance]:
     """Per-output gate of graph ``name``: the spec's own (fp32) gates, or, in another mode, the
-    packaged policy's budget for that mode; a package without a policy can only judge fp32."""
+    packaged policy's budget for that mode; a package without a policy can only judge fp32. The
+    policy is read with the package's ``graphs`` as its modules, so an entry for a graph the
+    package does not hold (a misspelled name, which would never apply) is refused."""
     if mode == "fp32":
         return lambda output: _tolerance(spec, output)
     policy_file = folder / "policy.json"
@@ -103,7 +106,7 @@ def _gates(folder: Path, name: str, spec: Mapping[str, Any], mode: str) -> Calla
                            f"(asked for {mode})")
     from ncnnport.parity.policy import Policy
 
-    gates = Policy.load(policy_file).module(name, mode)
+    gates = Policy.load(policy_file, modules=graphs).module(name, mode)
     return lambda output: gates.get(output, gates["*"])
 
 
@@ -121,7 +124,7 @@ def golden_checks(reader: PackageReader, options: RuntimeOptions,
         if not path.is_file():
             rows.append(Check("golden", name, False, f"{path}: missing"))
             continue
-        gate = _gates(reader.folder, name, spec, mode)
+        gate = _gates(reader.folder, name, spec, mode, reader.specs)
         module = NcnnModule(reader.param(name), reader.bin(name), spec, options)
         for k, case in enumerate(read_golden(path)):
             outs = module.run(case.inputs)

@@ -212,6 +212,19 @@ def test_package_case_frames_by_sha256_then_by_the_packaged_frames_gate(tmp_path
     assert not cpp_package_cases.judge(case, write_result(tmp_path / "c", far), "fake", tmp_path)[0]["passed"]
 
 
+def test_frames_are_judged_only_where_the_models_pipeline_has_a_frames_stage(tmp_path):
+    """The packaged policy is read with the model's policy stages: a frames gate asked of a model
+    without one is refused, not answered by the mode's default gate."""
+    expected = video(shape=(1, 8, 12, 3))
+    Image.fromarray(expected[0]).save(tmp_path / "expected.png")
+    (tmp_path / "policy.json").write_text(json.dumps({"version": 1, "precisions": {"fp32": {}}}))
+    case = disk_case(tmp_path, {"frames_sha256": "0" * 64}, {"expected": tmp_path / "expected.png"})
+    out = write_result(tmp_path / "a", expected)
+    assert cpp_package_cases.judge(case, out, "fake", tmp_path, stages=("frames", "latent"))[0]["passed"]
+    with pytest.raises(ValueError, match=r"no stage 'frames' in this model's pipeline \(last_logits\)"):
+        cpp_package_cases.judge(case, out, "fake", tmp_path, stages=("last_logits",))
+
+
 def test_the_smallest_case_with_an_input_file_is_chosen(tmp_path):
     from ncnnport.package.cases import CaseOnDisk
 

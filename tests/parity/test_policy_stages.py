@@ -59,3 +59,55 @@ def test_asking_for_an_undeclared_stage_is_refused_not_given_the_default(tmp_pat
     with pytest.raises(ValueError, match=r"no stage 'logits' in this model's pipeline \(last_logits\)"):
         policy.stage("logits", "fp16")
     assert Policy.load(path).stage("logits") == Policy.load(path).default()   # undeclared: the default
+
+
+# ---------------------------------------------------------------------------------------------
+# module names: the same silent default, for a module entry or a caller's graph name
+
+
+@pytest.mark.parametrize("model", sorted(KNOWN_MODELS))
+def test_every_policy_names_only_graphs_of_its_models_specs(model):
+    """The module entries of each model's policy (precision modes, the roundoff rule and its
+    propagated part) are graphs of the tiny preset's specs, as ``prepare`` loads it."""
+    from ncnnport.stages import prepare
+    from ncnnport.targets import Target
+
+    prepared = prepare(Target(model))
+    assert prepared.policy.modules == {s.name for s in prepared.specs}
+
+
+def write_modules(tmp_path, section):
+    data = {"version": 1, "precisions": {"fp32": {}}}
+    if section == "precisions":
+        data["precisions"]["fp32"]["modules"] = {"vae_decod": {"*": {"min_cosine": 0.9}}}
+    else:
+        rule = {"kappa_abs": 4, "kappa_cos": 4, "propagated": {"kappa_abs": 8}}
+        if section == "rule":
+            rule["modules"] = {"vae_decod": {"kappa_abs": 9}}
+        else:
+            rule["propagated"]["modules"] = {"vae_decod": {"kappa_abs": 9}}
+        data["roundoff_rule"] = rule
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("section, where", [("precisions", "precisions.fp32.modules"),
+                                            ("rule", "roundoff_rule.modules"),
+                                            ("propagated", "roundoff_rule.propagated.modules")])
+def test_a_misspelled_module_in_the_file_is_refused_naming_where(tmp_path, section, where):
+    path = write_modules(tmp_path, section)
+    Policy.load(path)                                            # undeclared: taken as written
+    with pytest.raises(ValueError, match=rf"policy.json: {where}.vae_decod: not a graph of this model "
+                                         r"\(vae_decode, vae_encode\)"):
+        Policy.load(path, modules=("vae_encode", "vae_decode"))
+
+
+def test_asking_for_an_undeclared_module_is_refused_local_and_propagated(tmp_path):
+    path = write_modules(tmp_path, "precisions")
+    policy = Policy.load(path, modules=("vae_decod", "vae_encode"))
+    assert policy.module("vae_decod")["*"].min_cosine == 0.9
+    for ask in (policy.module, policy.propagated_module):
+        with pytest.raises(ValueError, match=r"no module 'vae_decode' in this model's graphs \(vae_decod, vae_encode\)"):
+            ask("vae_decode", "fp16")
+    assert Policy.load(path).module("other") == {"*": Policy.load(path).default()}   # undeclared: the default
