@@ -603,7 +603,7 @@ def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None],
                    nbytes: int = 256 << 20) -> dict[str, float] | None:
     """The C++ runtime's own read of the machine (``ncnnport-cpp read-bandwidth --mib``, read_probe.h:
     a vector sum over ``nbytes`` (whole MiB), plain, with the one-row kernels' software prefetch and with it at
-    half their distances) at the
+    half their distances, and plain over four quarters read side by side) at the
     run's thread count, from the build the executable came from; None, said in the log, where
     that build has no ``ncnnport-cpp``."""
     probe = exe_dir / "ncnnport-cpp"
@@ -618,6 +618,8 @@ def cpp_read_probe(exe_dir: Path, threads: int, log: Callable[[str], None],
         reads = {"cpp_stream_gbps": float(out["plain_gbps"]), "cpp_stream_prefetch_gbps": float(out["prefetch_gbps"])}
         if "prefetch_near_gbps" in out:  # half the kernels' distances (read_probe.h)
             reads["cpp_stream_prefetch_near_gbps"] = float(out["prefetch_near_gbps"])
+        if "streams4_gbps" in out:  # four streams side by side (read_probe.h)
+            reads["cpp_streams4_gbps"] = float(out["streams4_gbps"])
         return reads
     except (TypeError, ValueError, KeyError):
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]

@@ -792,6 +792,11 @@ def test_the_bound_takes_the_fastest_read_the_cpp_probe_included(fake_models, tm
     _fake_probe(tmp_path / "cpp", "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0, \"prefetch_near_gbps\": 27.0}')")
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
     assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (27.0, "cpp_stream_prefetch_near")
+    # four streams side by side (the int8 kernel's streamed variant), where the fastest, set it
+    _fake_probe(tmp_path / "cpp", "print('{\"plain_gbps\": 18.0, \"prefetch_gbps\": 25.0, \"prefetch_near_gbps\": 27.0, "
+                                  "\"streams4_gbps\": 29.0}')")
+    report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)
+    assert (report["bandwidth"]["read_gbps"], report["bandwidth"]["read_by"]) == (29.0, "cpp_streams4")
     # a Python reduction faster than the probe still sets it
     monkeypatch.setattr(cpp_bench, "read_bandwidth", lambda _size: {"numpy_dot_gbps": 30.0, "read_gbps": 30.0})
     report = cpp_bench.run_bench(_fake_prep(port), tmp_path / "pkg", [3], new_tokens=3, rounds=1, log=lambda _m: None)

@@ -20,7 +20,7 @@ import pytest
 
 from tests.cpp.layer_check import (PREFETCH_CALLS_TO_DECIDE, assert_prefetch_decided, prefetch_state_expected,
                                    run_layer_check)
-from tests.cpp.test_gemv_layer import run_exe, speech  # noqa: F401  (speech is a fixture)
+from tests.cpp.test_gemv_layer import cpu_flags, run_exe, speech  # noqa: F401  (speech is a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("NCNNPORT_CPP_BUILD", ROOT / "build" / "cpp"))
@@ -32,6 +32,15 @@ CHECK = BUILD / "ncnnport-int8-gemv-check"
 # output past output_store.h's 128 KiB (streaming stores; its last group of 3 rows stored plainly).
 SHAPES = [(2048, 1024, 128, 1), (1024, 3072, 128, 0), (100, 256, 128, 0), (37, 128, 64, 1), (17, 64, 32, 1),
           (1, 128, 128, 1), (48, 96, 128, 1), (33, 1040, 128, 0), (65555, 64, 64, 1)]
+# the kernel's copies: the default (AVX-512 VNNI where the CPU has it) and the AVX2 one, whose
+# variants read one row group at a time or 4 side by side (its default: the machine's choice)
+ISAS = {"default": [], "avx2": ["--avx2"], "avx2-1-stream": ["--avx2", "--streams", "1"],
+        "avx2-4-streams": ["--avx2", "--streams", "4"]}
+
+
+def kernel_label() -> str:
+    """The copy this CPU runs by default (int8_gemv_layer_label)."""
+    return "ncnnport-avx512vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags() else "ncnnport-avx2"
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +49,62 @@ def check(built_cpp) -> Path:
 
 
 def run_check(check: Path, n: int, k: int, *extra: str) -> dict:
-    return run_layer_check([str(check), "--n", str(n), "--k", str(k), *extra], "AVX-512 VNNI")
+    return run_layer_check([str(check), "--n", str(n), "--k", str(k), *extra], "AVX2 and FMA")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", sorted(ISAS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_one_row_products_run_the_kernel_within_the_summation_bound(check, shape, threads, isa):
+    n, k, block, bias = shape
+    out = run_check(check, n, k, "--block", str(block), "--bias", str(bias), "--threads", str(threads), "--seed", "3",
+                    *ISAS[isa])
+    assert out["kernel_calls"] == 1, out
+    assert out["isa"] == (kernel_label() if isa == "default" else "ncnnport-avx2"), out
+    if isa == "avx2-4-streams" and n >= 4 * 16 * threads:  # 4 groups of 16 rows per thread: side by side
+        assert out["out_sha256"] == run_check(check, n, k, "--block", str(block), "--bias", str(bias), "--threads",
+                                               str(threads), "--seed", "3", *ISAS["avx2-1-stream"])["out_sha256"]
+    assert out["out_shape"] == [1, n], out
+    assert out["max_diff_over_bound"] <= 1.0, out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_one_row_products_run_the_kernel_within_the_summation_bound(check, shape, threads):
-    n, k, block, bias = shape
-    out = run_check(check, n, k, "--block", str(block), "--bias", str(bias), "--threads", str(threads), "--seed", "3")
-    assert out["kernel_calls"] == 1, out
-    assert out["out_shape"] == [1, n], out
-    assert out["max_diff_over_bound"] <= 1.0, out
+def test_both_copies_give_the_same_bits(check, threads):
+    """The AVX2 copy's products (maddubs of |x| and the signed weights, then madd) give the VNNI
+    copy's exact integer per block and the same fp32 chain per row: the same output bits (their
+    hash), so the same difference from ncnn's own Gemm, whether it reads one row group at a time
+    or 4 side by side. On an AVX2-only CPU the default run is the AVX2 copy too."""
+    for n, k, block, bias in SHAPES:
+        runs = {isa: run_check(check, n, k, "--block", str(block), "--bias", str(bias), "--threads", str(threads),
+                               "--seed", str(n + k), *extra) for isa, extra in ISAS.items()}
+        first = {isa: {key: out[key] for key in ("out_sha256", "max_abs_diff", "kernel_calls")} for isa, out in runs.items()}
+        assert all(first[isa] == first["default"] for isa in ISAS), (n, k, block, first)
+
+
+@pytest.mark.slow
+def test_the_avx2_streams_choice_samples_after_the_prefetch_plan_and_changes_no_bits(check):
+    """int8_gemv_streams_choice: on calls the prefetch plan does not sample (after its pairs), a 3 MB
+    layer's calls alternate one stream and 4 side by side until the choice is made; every call
+    gives the first call's bits and the state is what its pairs give."""
+    out = run_check(check, 3072, 1024, "--avx2", "--rounds", str(PREFETCH_CALLS_TO_DECIDE + 3 * 32 + 8))
+    assert out["kernel_calls"] == 1 and out["rounds_equal_first"] is True, out
+    streams = out["streams"]
+    assert streams["samples_on"] >= 8 and streams["samples_off"] >= 8, streams
+    assert streams["state"] == prefetch_state_expected(streams), streams
+
+
+@pytest.mark.slow
+def test_a_weight_of_minus_128_keeps_the_avx2_copy_out(check):
+    """ncnn's quantizer writes +-127; a layer holding -128 (another writer) would be negated wrongly
+    by the AVX2 copy's sign trick (-(-128) wraps), so that layer runs ncnn's Gemm there, bit for
+    bit, while the VNNI copy (unsigned bytes w + 128) still takes it within the bound."""
+    avx2 = run_check(check, 64, 256, "--minus-128", "--avx2")
+    assert avx2["kernel_calls"] == 0 and avx2["bit_equal"], avx2
+    if kernel_label() == "ncnnport-avx512vnni":
+        vnni = run_check(check, 64, 256, "--minus-128")
+        assert vnni["kernel_calls"] == 1 and vnni["max_diff_over_bound"] <= 1.0, vnni
 
 
 @pytest.mark.slow
@@ -119,7 +172,7 @@ def test_qwen3_asr_int8_package_json_names_the_gemm_and_ids_do_not_change(built_
     mine, theirs = ours["timing"], plain["timing"]
     assert theirs["int8_gemv"] == "ncnn" and theirs["int8_gemv_calls"] == 0
     if mine["int8_gemv"] == "ncnn":
-        pytest.skip("this CPU lacks AVX-512 VNNI: the int8 Gemm overwrite is not registered")
-    assert mine["int8_gemv"] == "ncnnport-avx512vnni"
+        pytest.skip("this CPU lacks AVX2 and FMA: the int8 Gemm overwrite is not registered")
+    assert mine["int8_gemv"] == kernel_label()
     layers = sum(1 for name in mine["graph_s"] if name.startswith("decode_layer"))
     assert layers > 0 and mine["int8_gemv_calls"] >= (7 * layers + 1) * mine["decode_steps"] > 0, mine

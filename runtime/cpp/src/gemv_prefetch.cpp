@@ -153,6 +153,11 @@ GemvPrefetchChoice& int8_gemv_prefetch_distance_choice() {
     return choice;
 }
 
+GemvPrefetchChoice& int8_gemv_streams_choice() {
+    static GemvPrefetchChoice choice(kPastL2PrefetchMinBytes);
+    return choice;
+}
+
 GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
     static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes), weighted_choice(kPastL2PrefetchMinBytes);
     return scores ? scores_choice : weighted_choice;

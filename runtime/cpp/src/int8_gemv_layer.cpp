@@ -20,6 +20,10 @@
 #include <mutex>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 // GCC 12's AVX-512 headers build several intrinsics on _mm512_undefined_*(), which its
 // -Wmaybe-uninitialized flags once inlined (GCC bug 105593): silenced for this file only.
@@ -38,28 +42,54 @@ std::atomic<uint64_t> g_int8_calls{0};
 
 #if NCNNPORT_INT8_X86
 #define INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+#define INT8_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
-constexpr int kLanes = 16;  // output rows per row group: one int32 / fp32 lane each
-constexpr int kChains = 4;  // independent accumulators per group (alternate k-quads), added per block
+constexpr int kLanes = 16;  // output rows per row group: one int32 / fp32 lane each (AVX2: two registers of 8)
+constexpr int kAvx2Streams = 4;  // row groups the AVX2 copy's streamed variant reads side by side
+constexpr int kChains = 4;     // independent accumulators per group (alternate k-quads), added per block
+
+std::atomic<bool> g_avx2_only{false};  // int8_gemv_layer_limit_to_avx2
+std::atomic<int> g_forced_streams{0};  // int8_gemv_layer_force_streams: 0 chosen, else the streams
+
+bool cpu_has_vnni() {
+    static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                            && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")
+                            && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+bool cpu_has_avx2() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+// Whether a layer packed now takes the AVX-512 VNNI copy (the CPU has it and no limit is set).
+bool use_vnni() { return cpu_has_vnni() && !g_avx2_only.load(std::memory_order_relaxed); }
 
 // The kernel's copy of the weights, one sequential stream. Row group g (rows 16g..16g+15) is
 // K * 16 contiguous bytes: for each k-quad t, 64 bytes holding row j's k = 4t..4t+3 at 4j
-// (dpbusd's layout: lane j sums row j), each byte w + 128 (the unsigned operand; 128 * sum(x)
-// is taken off per block); groups follow each other, the last padded with zero weights and zero
-// descales. Read in order, the whole matrix is one stream: the hardware prefetcher then runs
-// ahead of the arithmetic (on the Qwen3-ASR head, 160 MB, one EPYC thread: 23-25 GB/s; the same
-// kernel reading 4 or 2 groups a quarter / half of the matrix apart, 16-20 GB/s).
+// (dpbusd's layout: lane j sums row j; the AVX2 copy reads rows 0-7 and 8-15 as two halves);
+// groups follow each other, the last padded with zero weights and zero descales. The VNNI copy
+// stores each byte as w + 128 (dpbusd's unsigned operand; 128 * sum(x) is taken off per block),
+// the AVX2 copy w itself (its products take |x| and w with x's sign). Read in order, the whole
+// matrix is one stream: the hardware prefetcher then runs ahead of the arithmetic (on the
+// Qwen3-ASR head, 160 MB, one EPYC thread: 23-25 GB/s; the same kernel reading 4 or 2 groups a
+// quarter / half of the matrix apart, 16-20 GB/s).
 struct Packed {
     ncnn::Mat weights;   // uint8, groups * k * 16
     ncnn::Mat descales;  // float [groups][blocks][16]: 1 / scale, as ncnn's x86 packing computes it
     ncnn::Mat bias;      // N floats, or empty
     int n = 0, k = 0, block = 0, blocks = 0, groups = 0;
+    bool vnni = true;    // the VNNI copy (bytes w + 128), else the AVX2 copy (bytes w)
     size_t group_bytes() const { return static_cast<size_t>(k) * kLanes; }
     // the byte of row o, column c
     size_t offset(size_t o, int c) const {
         return (o / kLanes) * group_bytes() + static_cast<size_t>(c / 4) * 64 + (o % kLanes) * 4 + c % 4;
     }
     size_t descale_index(size_t o, int b) const { return ((o / kLanes) * blocks + b) * kLanes + o % kLanes; }
+    // the stored byte of weight w, and back
+    uint8_t stored(int8_t w) const { return vnni ? static_cast<uint8_t>(w) ^ 0x80u : static_cast<uint8_t>(w); }
+    int8_t weight(uint8_t byte) const { return static_cast<int8_t>(vnni ? byte ^ 0x80u : byte); }
     // K-block b's length: `block`, the last one what is left of K (ncnn's max_kk0)
     int block_len(int b) const { return std::min(block, k - b * block); }
 };
@@ -135,34 +165,165 @@ INT8_TARGET void run_group(const Packed& pk, int g, const int8_t* q, const float
     _mm512_storeu_ps(out, f);
 }
 
+// quantize_row in 8-lane registers, for the AVX2 copy (whose signed weights need no shift): the
+// same q and descale bit for bit (max and the products are exact, the rounding the same steps),
+// and |q| beside it (the unsigned operand of the AVX2 products).
+INT8_TARGET_AVX2 void quantize_row_avx2(const float* x, int k, int block, int8_t* q, uint8_t* q_abs, float* descale) {
+    const int blocks = (k + block - 1) / block;
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    for (int b = 0; b < blocks; ++b) {
+        const float* xb = x + static_cast<size_t>(b) * block;
+        const int len = std::min(block, k - b * block);  // a multiple of 16 (Int8GemvGemm::load_param)
+        __m256 mx = _mm256_setzero_ps();
+        for (int i = 0; i < len; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign_mask, _mm256_loadu_ps(xb + i)));
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, mx);
+        float absmax = 0.f;
+        for (float v : lanes) absmax = std::max(absmax, v);
+        const float scale = absmax != 0.f ? 127.f / absmax : 0.f;
+        descale[b] = absmax / 127.f;
+        const __m256 s = _mm256_set1_ps(scale);
+        for (int i = 0; i < len; i += 16) {
+            __m256i r[2];
+            for (int h = 0; h < 2; ++h) {
+                const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + i + 8 * h), s);
+                const __m256 rounded = _mm256_add_ps(v, _mm256_or_ps(half, _mm256_and_ps(v, sign_mask)));
+                r[h] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(rounded), hi), lo);
+            }
+            // int32 -> int16 -> int8 (values already in [-127, 127]); packs interleaves the two
+            // 128-bit halves, the permute puts them back in order
+            const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(r[0], r[1]), 0xD8);
+            const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1));
+            const size_t at = static_cast<size_t>(b) * block + i;
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + at), q8);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q_abs + at), _mm_abs_epi8(q8));
+        }
+    }
+}
+
+template <typename T>
+INT8_TARGET_AVX2 inline __m256i broadcast_quad_avx2(const T* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+// run_group for the AVX2 copy, over `S` row groups at once (`g0`, g0 + stride, ...): 16 rows each,
+// as two halves of 8 lanes. Without VNNI's dpbusd, each k-quad's 4 products per row are
+// maddubs(|x|, w with x's sign) (pairs added in int16: at most 2 * 127 * 127, no saturation; a
+// weight of -128 would flip wrong, so such layers never take this copy) then madd with ones into
+// int32: the same exact integer per block as the VNNI copy, then the same fp32 chain per row, so
+// the same bits whatever S. |x| and x are broadcast once per quad for every group; one prefetch
+// per 64-byte line (one quad of one group).
+// Why S: with S > 1 the groups are S streams read side by side, 64 bytes of each in turn. On an
+// AVX2-only EPYC one stream of the head read 13-15 GB/s and four read side by side 20-22 (a sum
+// over 160 MB, /tmp micro-benchmark; numpy's two-array dot 19.4), while on an AVX-512 EPYC one
+// stream was the fastest (the layout comment above): so int8_gemv_streams_choice picks S = 1 or
+// kAvx2Streams on the machine, from the model's calls.
+template <bool Prefetch, int S>
+INT8_TARGET_AVX2 void run_groups_avx2(const Packed& pk, int g0, int stride, const int8_t* q, const uint8_t* q_abs,
+                                      const float* xdescale, float (*out)[kLanes], PrefetchDistance dist) {
+    constexpr int kHalf = kLanes / 2;
+    const int8_t* p[S];
+    const float* d[S];
+    for (int s = 0; s < S; ++s) {
+        const int g = g0 + s * stride;
+        p[s] = static_cast<const int8_t*>(pk.weights.data) + static_cast<size_t>(g) * pk.group_bytes();
+        d[s] = static_cast<const float*>(pk.descales.data) + static_cast<size_t>(g) * pk.blocks * kLanes;
+        _mm256_storeu_ps(out[s], _mm256_setzero_ps());
+        _mm256_storeu_ps(out[s] + kHalf, _mm256_setzero_ps());
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < pk.blocks; ++b) {
+        const int len = pk.block_len(b), quads = len / 4;
+        __m256i acc[S][2];
+        for (int s = 0; s < S; ++s) acc[s][0] = acc[s][1] = _mm256_setzero_si256();
+        const size_t x0 = static_cast<size_t>(b) * pk.block;
+        for (int t = 0; t < quads; ++t) {
+            const __m256i xa = broadcast_quad_avx2(q_abs + x0 + 4 * t);
+            const __m256i xs = broadcast_quad_avx2(q + x0 + 4 * t);
+#pragma GCC unroll 4
+            for (int s = 0; s < S; ++s) {
+                const int8_t* at = p[s] + 64 * t;
+                if (Prefetch) prefetch_stream_step(at, 64, dist.far, dist.near);
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32 * h));
+                    const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xs));
+                    acc[s][h] = _mm256_add_epi32(acc[s][h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        const __m256 xd = _mm256_set1_ps(xdescale[b]);
+        for (int s = 0; s < S; ++s) {
+            for (int h = 0; h < 2; ++h) {
+                const __m256 dsc = _mm256_mul_ps(xd, _mm256_loadu_ps(d[s] + b * kLanes + kHalf * h));
+                float* f = out[s] + kHalf * h;
+                _mm256_storeu_ps(f, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[s][h]), dsc, _mm256_loadu_ps(f)));
+            }
+            p[s] += static_cast<size_t>(len) * kLanes;
+        }
+    }
+}
+
 // y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
-// thread reads one contiguous run of groups).
-template <bool Prefetch>
-void run_gemv(const Packed& pk, const int8_t* q, const float* xdescale, const int32_t* shift, float* y, int threads,
-              PrefetchDistance dist) {
+// thread reads one contiguous run of groups), in the copy `pk` was packed for.
+// The group results of groups [g, g + count) in `out`, bias added, stored to y.
+void store_groups(const Packed& pk, int g, int count, float (*out)[kLanes], float* y, bool stream) {
     const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
+    for (int i = 0; i < count; ++i) {
+        const int o0 = (g + i) * kLanes;
+        const int n = std::min(kLanes, pk.n - o0);
+        if (bias)
+            for (int r = 0; r < n; ++r) out[i][r] += bias[o0 + r];
+        store_block(y + o0, out[i], n, stream);
+    }
+}
+
+// y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
+// thread reads one contiguous run of groups, as schedule(static) would give it), in the copy `pk`
+// was packed for; the AVX2 copy with `streams` > 1 reads its run as kAvx2Streams streams side by
+// side (its remainder one group at a time).
+template <bool Prefetch>
+void run_gemv(const Packed& pk, const int8_t* q, const uint8_t* q_abs, const float* xdescale, const int32_t* shift,
+              float* y, int threads, PrefetchDistance dist, bool streams) {
     const bool stream = stream_output(pk.n);  // a large output past the caches (output_store.h)
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#pragma omp for schedule(static) nowait
-        for (int g = 0; g < pk.groups; ++g) {
-            alignas(64) float out[kLanes];
-            run_group<Prefetch>(pk, g, q, xdescale, shift, out, dist);
-            const int o0 = g * kLanes;
-            const int n = std::min(kLanes, pk.n - o0);
-            if (bias)
-                for (int i = 0; i < n; ++i) out[i] += bias[o0 + i];
-            store_block(y + o0, out, n, stream);
+#ifdef _OPENMP
+        const int team = threads > 1 ? omp_get_num_threads() : 1, me = threads > 1 ? omp_get_thread_num() : 0;
+#else
+        const int team = 1, me = 0;
+#endif
+        const int per = pk.groups / team, extra = pk.groups % team;
+        const int begin = me * per + std::min(me, extra), end = begin + per + (me < extra ? 1 : 0);
+        alignas(64) float out[kAvx2Streams][kLanes];
+        int g = begin;
+        if (!pk.vnni && streams && end - begin >= kAvx2Streams) {
+            const int stride = (end - begin) / kAvx2Streams;
+            for (int i = 0; i < stride; ++i) {
+                run_groups_avx2<Prefetch, kAvx2Streams>(pk, begin + i, stride, q, q_abs, xdescale, out, dist);
+                for (int s = 0; s < kAvx2Streams; ++s) store_groups(pk, begin + i + s * stride, 1, out + s, y, stream);
+            }
+            g = begin + stride * kAvx2Streams;
+        }
+        for (; g < end; ++g) {
+            if (pk.vnni) run_group<Prefetch>(pk, g, q, xdescale, shift, out[0], dist);
+            else run_groups_avx2<Prefetch, 1>(pk, g, 0, q, q_abs, xdescale, out, dist);
+            store_groups(pk, g, 1, out, y, stream);
         }
         output_store_fence(stream);
     }
 }
 
 // The kernel's copy of int8 weights `b` ([N][K] bytes) with per-row, per-block `scales`
-// ([N][blocks] of 127/absmax); nullptr on allocation failure.
+// ([N][blocks] of 127/absmax), in the layout of the copy that runs here (use_vnni());
+// nullptr on allocation failure.
 std::shared_ptr<Packed> pack_weights(const ncnn::Mat& b, const ncnn::Mat& scales, const ncnn::Mat& bias, int n, int k,
                                      int block) {
     auto pk = std::make_shared<Packed>();
+    pk->vnni = use_vnni();
     pk->n = n;
     pk->k = k;
     pk->block = block;
@@ -181,10 +342,17 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& b, const ncnn::Mat& scales
     const auto* sc = static_cast<const float*>(scales.data);
     for (size_t o = 0; o < static_cast<size_t>(pk->groups) * kLanes; ++o) {
         const bool real = o < static_cast<size_t>(n);
-        for (int c = 0; c < k; ++c) dst[pk->offset(o, c)] = real ? static_cast<uint8_t>(src[o * k + c]) ^ 0x80u : 0x80u;
+        for (int c = 0; c < k; ++c) dst[pk->offset(o, c)] = pk->stored(real ? src[o * k + c] : int8_t{0});
         for (int blk = 0; blk < pk->blocks; ++blk) dsc[pk->descale_index(o, blk)] = real ? 1.f / sc[o * pk->blocks + blk] : 0.f;
     }
     return pk;
+}
+
+// Whether int8 weights `b` hold a -128 (ncnn's quantizer and convert/int8_weights.py clamp to
+// +-127; another writer may not), which the AVX2 copy's sign trick would negate wrongly.
+bool holds_minus_128(const ncnn::Mat& b) {
+    const auto* w = static_cast<const int8_t*>(b.data);
+    return std::find(w, w + b.total() * b.elemsize, int8_t{-128}) != w + b.total() * b.elemsize;
 }
 
 // The [N][K] int8 weights back from the kernel's copy (exact), for a built-in Gemm created after
@@ -195,7 +363,7 @@ ncnn::Mat unpack_weights(const Packed& pk) {
     auto* dst = static_cast<int8_t*>(out.data);
     const auto* src = static_cast<const uint8_t*>(pk.weights.data);
     for (size_t o = 0; o < static_cast<size_t>(pk.n); ++o)
-        for (int c = 0; c < pk.k; ++c) dst[o * pk.k + c] = static_cast<int8_t>(src[pk.offset(o, c)] ^ 0x80u);
+        for (int c = 0; c < pk.k; ++c) dst[o * pk.k + c] = pk.weight(src[pk.offset(o, c)]);
     return out;
 }
 
@@ -253,7 +421,7 @@ public:
         pipeline_opt_ = opt;
         pipeline_opt_.blob_allocator = nullptr;
         pipeline_opt_.workspace_allocator = nullptr;
-        if (options_fit(opt)) {
+        if (options_fit(opt) && (use_vnni() || !holds_minus_128(b_))) {
             packed_ = pack_weights(b_, scales_, c_, n_, k_, block_);
             if (!packed_) return -100;
             b_.release();
@@ -310,17 +478,28 @@ private:
         if (top.empty()) return -100;
         const int blocks = (k_ + block_ - 1) / block_;
         std::vector<int8_t> q(static_cast<size_t>(k_));
+        std::vector<uint8_t> q_abs(pk.vnni ? 0 : static_cast<size_t>(k_));
         std::vector<float> descale(static_cast<size_t>(blocks));
         std::vector<int32_t> shift(static_cast<size_t>(blocks));
-        quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
+        if (pk.vnni) quantize_row(static_cast<const float*>(a.data), k_, block_, q.data(), descale.data(), shift.data());
+        else quantize_row_avx2(static_cast<const float*>(a.data), k_, block_, q.data(), q_abs.data(), descale.data());
         const size_t bytes = pk.weights.total() * pk.weights.elemsize;
         const PrefetchPlan plan(int8_gemv_prefetch_choice(), int8_gemv_prefetch_distance_choice(), bytes);
+        GemvPrefetchChoice& streams_choice = int8_gemv_streams_choice();
+        GemvPrefetchChoice::Pick streams{false, false};
+        const int forced = g_forced_streams.load(std::memory_order_relaxed);
+        if (!pk.vnni && forced != 0) streams = {forced > 1, false};
+        else if (!pk.vnni) streams = plan.sampled() ? GemvPrefetchChoice::Pick{streams_choice.on(), false} : streams_choice.pick(bytes);
         float* y = static_cast<float*>(top.data);
         const auto t0 = std::chrono::steady_clock::now();
-        if (plan.prefetch()) run_gemv<true>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance());
-        else run_gemv<false>(pk, q.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance());
+        if (plan.prefetch())
+            run_gemv<true>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance(),
+                           streams.prefetch);
+        else run_gemv<false>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y, opt.num_threads,
+                             plan.distance(), streams.prefetch);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         plan.record(seconds);
+        if (streams.sample) streams_choice.record(streams.prefetch, bytes, seconds);
         int8_gemv_stream_times().add(bytes, seconds);
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
@@ -373,8 +552,7 @@ private:
 
 bool int8_gemv_layer_supported() {
 #if NCNNPORT_INT8_X86
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
-           && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+    return cpu_has_vnni() || cpu_has_avx2();
 #else
     return false;
 #endif
@@ -391,5 +569,37 @@ bool register_int8_gemv_layer(ncnn::Net& net) {
 }
 
 uint64_t int8_gemv_layer_calls() { return g_int8_calls.load(std::memory_order_relaxed); }
+
+void int8_gemv_layer_limit_to_avx2(bool limit) {
+#if NCNNPORT_INT8_X86
+    g_avx2_only.store(limit, std::memory_order_relaxed);
+#else
+    (void)limit;
+#endif
+}
+
+void int8_gemv_layer_force_streams(int streams) {
+#if NCNNPORT_INT8_X86
+    g_forced_streams.store(streams == 1 || streams == kAvx2Streams ? streams : 0, std::memory_order_relaxed);
+#else
+    (void)streams;
+#endif
+}
+
+int int8_gemv_layer_side_by_side_streams() {
+#if NCNNPORT_INT8_X86
+    return kAvx2Streams;
+#else
+    return 1;
+#endif
+}
+
+const char* int8_gemv_layer_label(bool registered) {
+    if (!registered) return "ncnn";
+#if NCNNPORT_INT8_X86
+    if (use_vnni()) return "ncnnport-avx512vnni";
+#endif
+    return "ncnnport-avx2";
+}
 
 }  // namespace ncnnport

@@ -273,6 +273,7 @@ int cmd_read_bandwidth(const std::vector<std::string>& args) {
     const ncnnport::ReadProbe probe = ncnnport::measure_read_bandwidth(static_cast<size_t>(mib) << 20, runs, threads);
     std::cout << nlohmann::json{{"plain_gbps", probe.plain_gbps}, {"prefetch_gbps", probe.prefetch_gbps},
                                 {"prefetch_near_gbps", probe.prefetch_near_gbps},
+                                {"streams4_gbps", probe.streams4_gbps},
                                 {"isa", probe.isa}, {"mib", mib}, {"runs", runs}, {"threads", threads}}.dump() << "\n";
     return 0;
 #else

@@ -219,7 +219,7 @@ nlohmann::json gemv_json(const GraphOptions& options) {
             // whether products of more than kStreamMaxRows rows (MLA's 32) run the AVX-512 kernels
             {"matmul_many_rows", matmul_active(options) && matmul_many_rows_supported()},
             {"memory_data_shares", memory_data_shares()},
-            {"int8_gemv", int8_gemv_active(options) ? "ncnnport-avx512vnni" : "ncnn"},
+            {"int8_gemv", int8_gemv_layer_label(int8_gemv_active(options))},
             {"int8_gemv_calls", int8_gemv_layer_calls()}, {"kernel_weights_huge_bytes", kernel_weight_huge_bytes()},
             {"gemv_prefetch", {{"fp32", gemv_prefetch_json(false)}, {"fp16", gemv_prefetch_json(true)},
                                {"int8", int8_gemv_prefetch_json()}}},
@@ -228,6 +228,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
                                         {"int8", prefetch_report_json(int8_gemv_prefetch_distance_choice().report())}}},
             {"weight_streams", {{"fp32", gemv_stream_times(false).json()}, {"fp16", gemv_stream_times(true).json()},
                                 {"int8", int8_gemv_stream_times().json()}}},
+            // the int8 AVX2 copy's choice between one stream and kAvx2Streams side by side
+            {"int8_gemv_streams", prefetch_json(int8_gemv_streams_choice())},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
             {"attention_prefetch_distance", {{"scores", prefetch_report_json(attention_prefetch_distance_choice(true).report())},
                                              {"weighted", prefetch_report_json(attention_prefetch_distance_choice(false).report())}}},

@@ -3,7 +3,8 @@
 // (convert/int8_weights.py: quantize_term 80y, transB, constant B, C per column or none).
 //
 //   ncnnport-int8-gemv-check --n N --k K [--block 32|64|128] [--bias 0|1] [--rows M] [--threads T]
-//                            [--seed S] [--rounds R] [--cold]
+//                            [--seed S] [--rounds R] [--cold] [--avx2] [--minus-128]
+//                            [--streams 1|4]
 //
 // Why: the overwrite must compute what the built-in computes, and the tests must see that its
 // kernel ran rather than the built-in it delegates to. Both nets load the same one-layer .param
@@ -19,7 +20,13 @@
 // by s_g |b_k| d_g, far outside it.
 // --rounds R > 0 also times both, interleaved call by call (median ms of each); --cold reads a
 // 256 MB buffer before every timed call, so the weights come from DRAM as in a decode step.
-// Prints one JSON object: "registered", the shapes, "kernel_calls", "max_abs_diff",
+// --avx2 limits the overwrite to its AVX2 copy on an AVX-512 VNNI CPU (int8_gemv_layer_limit_to_avx2),
+// so the tests run both copies on one machine; "isa" names the copy that ran and "out_sha256"
+// hashes the overwrite's output bits (both copies must give the same). --minus-128 sets the first
+// weight to -128 (outside the +-127 ncnn's quantizer writes), which the AVX2 copy must not take.
+// --streams forces the AVX2 copy to read one row group at a time or 4 side by side (default: its
+// choice on the machine, int8_gemv_streams_choice; "streams" in the JSON reports that choice).
+// Prints one JSON object: "registered", "isa", the shapes, "kernel_calls", "max_abs_diff",
 // "max_diff_over_bound", "bit_equal", "weight_bytes", "kernel_weights_huge_bytes" (the kernel's
 // copy in the huge-page arena, kernel_weight_allocator.h) and with --rounds the two
 // medians, both GB/s and "rounds_equal_first" (every timed call of the overwrite gave the first
@@ -45,13 +52,15 @@
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/int8_gemv_layer.h"
 #include "ncnnport/kernel_weight_allocator.h"
+#include "ncnnport/sha256.h"
 
 namespace {
 
 struct Args {
     int n = 0, k = 0, block = 128, bias = 1, rows = 1, threads = 1, rounds = 0;
     unsigned seed = 0;
-    bool cold = false;
+    bool cold = false, avx2 = false, minus_128 = false;
+    int streams = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -71,11 +80,15 @@ Args parse(int argc, char** argv) {
         else if (f == "--rounds") a.rounds = value();
         else if (f == "--seed") a.seed = static_cast<unsigned>(value());
         else if (f == "--cold") a.cold = true;
+        else if (f == "--avx2") a.avx2 = true;
+        else if (f == "--minus-128") a.minus_128 = true;
+        else if (f == "--streams") a.streams = value();
         else throw std::invalid_argument("unknown option " + f);
     }
     if (a.n < 1 || a.k < 1 || a.rows < 1 || a.threads < 1 || a.rounds < 0 || (a.bias != 0 && a.bias != 1)
-        || (a.block != 32 && a.block != 64 && a.block != 128))
-        throw std::invalid_argument("--n, --k, --rows, --threads >= 1, --rounds >= 0, --bias 0|1 and --block 32|64|128 are required");
+        || (a.block != 32 && a.block != 64 && a.block != 128)
+        || (a.streams != 0 && a.streams != 1 && a.streams != ncnnport::int8_gemv_layer_side_by_side_streams()))
+        throw std::invalid_argument("--n, --k, --rows, --threads >= 1, --rounds >= 0, --bias 0|1, --block 32|64|128 and --streams 1|4 are required");
     return a;
 }
 
@@ -109,6 +122,7 @@ Layer make_layer(const Args& a, std::mt19937& rng) {
                 l.q[static_cast<size_t>(o) * a.k + k] = static_cast<int8_t>(std::clamp(std::round(w[k] * scale), -127.f, 127.f));
         }
     }
+    if (a.minus_128) l.q[0] = -128;
     if (a.bias)
         for (int o = 0; o < a.n; ++o) l.bias.push_back(dist(rng));
     auto put = [&](const void* p, size_t bytes) {
@@ -150,6 +164,8 @@ ncnn::Mat run(ncnn::Net& net, const ncnn::Mat& A) {
 int main(int argc, char** argv) {
     try {
         const Args a = parse(argc, argv);
+        ncnnport::int8_gemv_layer_limit_to_avx2(a.avx2);
+        ncnnport::int8_gemv_layer_force_streams(a.streams);
         std::mt19937 rng(a.seed);
         const Layer l = make_layer(a, rng);
         ncnn::Mat A(a.k, a.rows);
@@ -192,7 +208,10 @@ int main(int argc, char** argv) {
                 bit_equal = bit_equal && std::memcmp(&wv, &gv, sizeof(float)) == 0;
             }
         }
-        nlohmann::json out = {{"registered", ncnnport::int8_gemv_layer_supported()}, {"n", a.n}, {"k", a.k}, {"block", a.block},
+        const bool registered = ncnnport::int8_gemv_layer_supported();
+        const std::string got_bits(static_cast<const char*>(got.data), sizeof(float) * got.w * got.h);
+        nlohmann::json out = {{"registered", registered}, {"isa", ncnnport::int8_gemv_layer_label(registered)},
+                              {"out_sha256", ncnnport::sha256_bytes(got_bits)}, {"n", a.n}, {"k", a.k}, {"block", a.block},
                               {"bias", a.bias}, {"rows", a.rows}, {"threads", a.threads}, {"out_shape", {want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
                               {"bit_equal", bit_equal}, {"weight_bytes", l.q.size() + l.scales.size() * sizeof(float)},
@@ -213,6 +232,7 @@ int main(int argc, char** argv) {
         }
         out["prefetch"] = ncnnport::int8_gemv_prefetch_json();
         out["prefetch_distance"] = ncnnport::prefetch_report_json(ncnnport::int8_gemv_prefetch_distance_choice().report());
+        out["streams"] = ncnnport::prefetch_report_json(ncnnport::int8_gemv_streams_choice().report());
         std::cout << out.dump() << "\n";
         return 0;
     } catch (const std::exception& e) {

@@ -192,6 +192,9 @@ public:
     // The distance a prefetching call asks for.
     PrefetchDistance distance() const { return far_.prefetch ? kFarPrefetch : kNearPrefetch; }
     bool far() const { return far_.prefetch; }
+    // Whether either choice samples this call (a third choice, int8_gemv_streams_choice, samples
+    // only calls neither does, and those run its current state).
+    bool sampled() const { return pick_.sample || far_.sample; }
     // The call's time, recorded by whichever choices sampled it.
     void record(double seconds) const;
 
@@ -229,6 +232,12 @@ GemvPrefetchChoice& int8_gemv_prefetch_choice();
 // Its distance choice, as gemv_prefetch_distance_choice: "plain" the near distance (the default),
 // "prefetch" the far one.
 GemvPrefetchChoice& int8_gemv_prefetch_distance_choice();
+// Whether the int8 one-row kernel's AVX2 copy reads kAvx2Streams row groups side by side ("prefetch")
+// or one at a time ("plain"), by the same rule, on calls the kernel's PrefetchPlan does not sample
+// (so it starts once that plan's choices have their pairs; its warm-up runs beside theirs). Why a
+// choice: on an AVX2-only EPYC four streams read faster than one (a 160 MB sum 20-22 against 13-15
+// GB/s), on an AVX-512 EPYC one stream was the fastest (int8_gemv_layer.cpp).
+GemvPrefetchChoice& int8_gemv_streams_choice();
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
 GemvPrefetchChoice& attention_prefetch_choice(bool scores);

@@ -16,6 +16,10 @@
 // 2-core Xeon VM (plain 17.1), and this probe's sum 20.8-21.9 against 18.8-19.1; on the device's
 // Xeon the kernels' distances read faster (14.2-14.8 against 13.4-14.6; 4 threads 67.7 against
 // 62.3). A bound read only at the kernels' distance would be too low where the other is better.
+//
+// A fourth reads four quarters of the buffer side by side, one line of each in turn: the pattern
+// of the int8 kernel's streamed variant. Why: on an AVX2-only EPYC four such streams read 20-22
+// GB/s where one read 13-15, so a kernel reading that way must not be judged against one stream.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +31,7 @@ struct ReadProbe {
     double plain_gbps = 0.0;     // median over the runs, 1e9 bytes per second
     double prefetch_gbps = 0.0;  // the same with the kernels' software prefetch
     double prefetch_near_gbps = 0.0;  // the same prefetching at half the kernels' distances
+    double streams4_gbps = 0.0;  // plain, four quarters of each thread's part side by side
     std::string isa;             // "avx512", "avx2" or "scalar": the sum's registers
 };
 
