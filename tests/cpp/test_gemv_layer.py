@@ -31,8 +31,11 @@ CHECK = BUILD / "ncnnport-gemv-check"
 SHAPES = [(1, 1), (5, 3), (37, 63), (36, 70), (64, 64), (72, 129), (130, 333), (1000, 1001), (2048, 1024),
           (65584, 40)]
 WEIGHTS = {"fp32": [], "fp16-storage": ["--fp16-storage"], "fp16-bin": ["--fp16-bin"]}
-# the kernel's copies: the default (16 lanes where the CPU has AVX-512F) and the 8-lane AVX2 one
-ISAS = {"default": [], "avx2": ["--avx2"]}
+# the kernel's copies: the default (16 lanes where the CPU has AVX-512F) and the 8-lane AVX2 one,
+# which packs the narrow layout (16-output blocks) and reads them one at a time or 4 side by side
+# (its default: the machine's choice)
+ISAS = {"default": [], "avx2": ["--avx2"], "avx2-1-stream": ["--avx2", "--streams", "1"],
+        "avx2-4-streams": ["--avx2", "--streams", "4"]}
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +85,11 @@ def test_both_register_widths_give_the_same_bits(check, weights):
     for n, k in SHAPES:
         runs = {isa: run_check(check, n, k, "--bias", "--seed", str(n * k), *WEIGHTS[weights], *extra)
                 for isa, extra in ISAS.items()}
-        assert runs["default"]["isa"] == kernel_label() and runs["avx2"]["isa"] == "ncnnport-avx2"
+        assert runs["default"]["isa"] == kernel_label()
+        assert all(runs[isa]["isa"] == "ncnnport-avx2" for isa in ISAS if isa != "default")
         first = {isa: {key: out["calls"][0][key] for key in ("out_sha256", "max_abs_diff", "identical", "gemv_calls")}
                  for isa, out in runs.items()}
-        assert first["default"] == first["avx2"], (n, k, weights, first)
+        assert all(first[isa] == first["default"] for isa in ISAS), (n, k, weights, first)
 
 
 @pytest.mark.slow
@@ -110,6 +114,22 @@ def test_the_prefetch_choice_samples_large_layers_and_changes_no_bits(check, wei
     assert {k: small["prefetch"][k] for k in ("state", "samples_on", "samples_off", "pairs_won", "first")} == \
         {"state": "undecided", "samples_on": 0, "samples_off": 0, "pairs_won": 0,
          "first": {"pairs": 0, "won": 0, "state": ""}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["fp32", "fp16-storage"])
+def test_the_narrow_layouts_streams_choice_samples_after_the_prefetch_plan_and_changes_no_bits(check, weights):
+    """gemv_streams_choice: on calls the prefetch plan does not sample (after its pairs), an 8 MiB
+    layer in the narrow layout alternates one block at a time and 4 side by side until the choice
+    is made; every call gives the same bits for the same input, and the state is its pairs'."""
+    n = 2048 if weights == "fp32" else 4096
+    rows = ",".join(["1"] * (PREFETCH_CALLS_TO_DECIDE + 3 * 32 + 8))
+    out = run_check(check, n, 1024, "--rows", rows, "--same-input", "--bias", "--avx2", *WEIGHTS[weights])
+    assert_within_bound(out, f"streams {weights}")
+    assert len({c["out_sha256"] for c in out["calls"]}) == 1
+    streams = out["streams"]
+    assert streams["samples_on"] >= 8 and streams["samples_off"] >= 8, streams
+    assert streams["state"] == prefetch_state_expected(streams), streams
 
 
 MIB = 1 << 20

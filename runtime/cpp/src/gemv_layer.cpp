@@ -20,6 +20,10 @@
 #include <memory>
 #include <mutex>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && defined(__unix__)
 #include <immintrin.h>
 #define NCNNPORT_GEMV_X86 1
@@ -39,6 +43,8 @@ std::atomic<uint64_t> g_gemv_calls{0};
 constexpr int kBlock = 64;  // outputs per block: eight 8-lane accumulators
 constexpr int kLanes = 8;
 constexpr int kAccumulators = kBlock / kLanes;
+constexpr int kNarrowBlock = 16;  // outputs per block of the narrow layout (AVX2-only CPUs): two accumulators
+constexpr int kNarrowStreams = 4;  // narrow blocks the streamed variant reads side by side
 
 // Weights of the kernel: block b holds outputs [64b, 64b + 64) as [K][64] (fp32 or fp16 bits),
 // the last block zero-padded, and the blocks follow each other: the whole matrix is one
@@ -46,11 +52,25 @@ constexpr int kAccumulators = kBlock / kLanes;
 // read side by side) read fp16 weights at ~22-23 GB/s on one EPYC thread where a plain read of
 // the same buffer reached 29-31; one stream of 64-output blocks read 27-29 (README
 // "One-row InnerProduct"). Eight accumulators per block keep eight independent FMA chains.
+//
+// The narrow layout (blocks of kNarrowBlock outputs, the same order within a block), packed where
+// the CPU lacks AVX-512F: there the 8-lane copy can read kNarrowStreams blocks side by side, each
+// k step of each in turn (gemv_narrow), or one at a time, as gemv_streams_choice finds faster on
+// the machine. Why: on an AVX2-only EPYC one stream read slowly; a copy of this loop over the
+// 311 MB fp16 head read 11.6-12.7 GB/s in 64-output blocks, one stream, and 17.7-18.8 in 16-output
+// blocks four side by side (32-output blocks four side by side 17.5-18.6, with accumulators
+// spilled). 64-output blocks cannot go side by side in 16 registers. Each output's chain is the
+// same in either layout (bias, then one fused multiply-add per k in order), so the bits are too.
 struct Packed {
-    ncnn::Mat weights;  // w = K * 64 elements, h = number of blocks
-    ncnn::Mat bias;     // blocks * 64 floats, zero-padded (zeros when the layer has no bias)
+    ncnn::Mat weights;  // w = K * block elements, h = number of blocks
+    ncnn::Mat bias;     // blocks * block floats, zero-padded (zeros when the layer has no bias)
     bool fp16 = false;
     int num_input = 0, num_output = 0, blocks = 0;
+    int block = kBlock;  // kBlock, or kNarrowBlock (the narrow layout)
+    // the element of output o, input k
+    size_t index(size_t o, int k) const {
+        return (o / block * static_cast<size_t>(num_input) + k) * block + o % block;
+    }
 };
 
 GEMV_TARGET inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -77,6 +97,28 @@ GEMV_TARGET void gemv_block(const T* w, const float* bias, const float* x, int K
         w += kBlock;
     }
     for (int i = 0; i < kAccumulators; ++i) _mm256_storeu_ps(out + i * kLanes, acc[i]);
+}
+
+// S blocks of the narrow layout side by side (w[s], bias[s], out[s]): each k step of each in turn,
+// the same chain per output as gemv_block. One prefetch per 64 bytes of each stream.
+template <bool Prefetch, int S, typename T>
+GEMV_TARGET void gemv_narrow(const T* const* w, const float* const* bias, const float* x, int K, float (*out)[kNarrowBlock],
+                             PrefetchDistance d) {
+    constexpr int A = kNarrowBlock / kLanes;
+    constexpr int kStepsPerLine = 64 / static_cast<int>(kNarrowBlock * sizeof(T));  // 1 (fp32) or 2 (fp16)
+    __m256 acc[S][A];
+    for (int s = 0; s < S; ++s)
+        for (int a = 0; a < A; ++a) acc[s][a] = _mm256_loadu_ps(bias[s] + a * kLanes);
+    for (int k = 0; k < K; ++k) {
+        const __m256 xk = _mm256_broadcast_ss(x + k);
+        const size_t at = static_cast<size_t>(k) * kNarrowBlock;
+        for (int s = 0; s < S; ++s) {
+            if (Prefetch && k % kStepsPerLine == 0) prefetch_stream_step(w[s] + at, 64, d.far, d.near);
+            for (int a = 0; a < A; ++a) acc[s][a] = _mm256_fmadd_ps(load8(w[s] + at + a * kLanes), xk, acc[s][a]);
+        }
+    }
+    for (int s = 0; s < S; ++s)
+        for (int a = 0; a < A; ++a) _mm256_storeu_ps(out[s] + a * kLanes, acc[s][a]);
 }
 
 #define GEMV_TARGET_512 __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -109,6 +151,7 @@ GEMV_TARGET_512 void gemv_block_avx512(const T* w, const float* bias, const floa
 }
 
 std::atomic<bool> g_avx2_only{false};  // gemv_layer_limit_to_avx2
+std::atomic<int> g_forced_streams{0};  // gemv_layer_force_streams: 0 chosen, else the streams
 
 // Whether the blocks run in 16-lane registers: the CPU has AVX-512F and no limit was set.
 bool gemv_avx512() {
@@ -128,8 +171,17 @@ float activate(float v, int type, const ncnn::Mat& params) {
     return v;
 }
 
-// Block `b` of the layer: writes its valid outputs of y (streamed past the caches where `stream`:
-// output_store.h).
+// The valid outputs of a block's results `out` (block `b`, `width` outputs): activation, then
+// stored to y (streamed past the caches where `stream`: output_store.h).
+void finish_block(const Packed& pk, int b, float* out, float* y, int act, const ncnn::Mat& act_params, bool stream) {
+    const int o0 = b * pk.block;
+    const int n = std::min(pk.block, pk.num_output - o0);
+    if (act != 0)
+        for (int i = 0; i < n; ++i) out[i] = activate(out[i], act, act_params);
+    store_block(y + o0, out, n, stream);
+}
+
+// Block `b` of the 64-output layout.
 template <bool Prefetch, typename T>
 void run_block(const Packed& pk, int b, const float* x, float* y, int act, const ncnn::Mat& act_params, bool stream,
                PrefetchDistance d) {
@@ -138,31 +190,62 @@ void run_block(const Packed& pk, int b, const float* x, float* y, int act, const
     alignas(64) float out[kBlock];
     if (gemv_avx512()) gemv_block_avx512<Prefetch>(w, bias, x, pk.num_input, out, d);
     else gemv_block<Prefetch>(w, bias, x, pk.num_input, out, d);
-    const int o0 = b * kBlock;
-    const int n = std::min(kBlock, pk.num_output - o0);
-    if (act != 0)
-        for (int i = 0; i < n; ++i) out[i] = activate(out[i], act, act_params);
-    store_block(y + o0, out, n, stream);
+    finish_block(pk, b, out, y, act, act_params, stream);
 }
 
-// y = W x + b over every block, OpenMP over blocks (ncnn's thread count).
+// S blocks of the narrow layout, `b0` and every `stride` after it.
+template <bool Prefetch, int S, typename T>
+void run_narrow(const Packed& pk, int b0, int stride, const float* x, float* y, int act, const ncnn::Mat& act_params,
+                bool stream, PrefetchDistance d) {
+    const T* w[S];
+    const float* bias[S];
+    for (int s = 0; s < S; ++s) {
+        const int b = b0 + s * stride;
+        w[s] = static_cast<const T*>(pk.weights.data) + static_cast<size_t>(b) * pk.num_input * kNarrowBlock;
+        bias[s] = static_cast<const float*>(pk.bias.data) + b * kNarrowBlock;
+    }
+    alignas(64) float out[S][kNarrowBlock];
+    gemv_narrow<Prefetch, S>(w, bias, x, pk.num_input, out, d);
+    for (int s = 0; s < S; ++s) finish_block(pk, b0 + s * stride, out[s], y, act, act_params, stream);
+}
+
+// y = W x + b over every block, OpenMP over blocks (ncnn's thread count; each thread one
+// contiguous run, as schedule(static) gives it); the narrow layout's run read kNarrowStreams
+// blocks side by side where `streams` (its remainder one at a time).
 template <bool Prefetch, typename T>
 void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads,
-                PrefetchDistance d) {
+                PrefetchDistance d, bool streams) {
     const bool stream = stream_output(pk.num_output);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#pragma omp for schedule(static) nowait
-        for (int b = 0; b < pk.blocks; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params, stream, d);
+#ifdef _OPENMP
+        const int team = threads > 1 ? omp_get_num_threads() : 1, me = threads > 1 ? omp_get_thread_num() : 0;
+#else
+        const int team = 1, me = 0;
+#endif
+        const int per = pk.blocks / team, extra = pk.blocks % team;
+        const int begin = me * per + std::min(me, extra), end = begin + per + (me < extra ? 1 : 0);
+        int b = begin;
+        if (pk.block == kNarrowBlock) {
+            if (streams && end - begin >= kNarrowStreams) {
+                const int stride = (end - begin) / kNarrowStreams;
+                for (int i = 0; i < stride; ++i)
+                    run_narrow<Prefetch, kNarrowStreams, T>(pk, begin + i, stride, x, y, act, act_params, stream, d);
+                b = begin + stride * kNarrowStreams;
+            }
+            for (; b < end; ++b) run_narrow<Prefetch, 1, T>(pk, b, 0, x, y, act, act_params, stream, d);
+        } else {
+            for (; b < end; ++b) run_block<Prefetch, T>(pk, b, x, y, act, act_params, stream, d);
+        }
         output_store_fence(stream);
     }
 }
 
 template <typename T>
 void run_gemv(const Packed& pk, const float* x, float* y, int act, const ncnn::Mat& act_params, int threads,
-              bool prefetch, PrefetchDistance d) {
-    if (prefetch) run_blocks<true, T>(pk, x, y, act, act_params, threads, d);
-    else run_blocks<false, T>(pk, x, y, act, act_params, threads, d);
+              bool prefetch, PrefetchDistance d, bool streams) {
+    if (prefetch) run_blocks<true, T>(pk, x, y, act, act_params, threads, d, streams);
+    else run_blocks<false, T>(pk, x, y, act, act_params, threads, d, streams);
 }
 
 // The bytes of weights one call streams.
@@ -195,30 +278,32 @@ std::shared_ptr<Packed> pack_weights(const ncnn::Mat& weights, const ncnn::Mat& 
     pk->fp16 = fp16;
     pk->num_input = num_input;
     pk->num_output = num_output;
-    pk->blocks = (num_output + kBlock - 1) / kBlock;
-    pk->weights.create(num_input * kBlock, pk->blocks, static_cast<size_t>(fp16 ? 2u : 4u), kernel_weight_allocator());
-    pk->bias.create(pk->blocks * kBlock);
+    pk->block = gemv_avx512() ? kBlock : kNarrowBlock;
+    pk->blocks = (num_output + pk->block - 1) / pk->block;
+    pk->weights.create(num_input * pk->block, pk->blocks, static_cast<size_t>(fp16 ? 2u : 4u), kernel_weight_allocator());
+    pk->bias.create(pk->blocks * pk->block);
     if (pk->weights.empty() || pk->bias.empty()) return nullptr;
     pk->bias.fill(0.f);
     if (!bias.empty()) std::memcpy(pk->bias.data, bias.data, sizeof(float) * num_output);
-    // row by row: sequential reads of the [N][K] source, writes 64 elements apart (one block's
-    // K * 64 elements stay in L2 while its 64 rows are written)
+    // row by row: sequential reads of the [N][K] source, writes a block apart (one block's
+    // K * block elements stay in L2 while its rows are written)
     const float* src = weights;
+    const int block = pk->block;
     for (int o = 0; o < num_output; ++o) {
         const float* row = src + static_cast<size_t>(o) * num_input;
-        const size_t base = static_cast<size_t>(o / kBlock) * num_input * kBlock + o % kBlock;
+        const size_t base = pk->index(o, 0);
         if (fp16) {
             auto* dst = static_cast<unsigned short*>(pk->weights.data) + base;
-            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = ncnn_fp16_bits(row[k], o, k, num_output, num_input);
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * block] = ncnn_fp16_bits(row[k], o, k, num_output, num_input);
         } else {
             float* dst = static_cast<float*>(pk->weights.data) + base;
-            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * kBlock] = row[k];
+            for (int k = 0; k < num_input; ++k) dst[static_cast<size_t>(k) * block] = row[k];
         }
     }
     // the padding outputs of the last block read zero weights
-    for (int o = num_output; o < pk->blocks * kBlock; ++o)
+    for (int o = num_output; o < pk->blocks * block; ++o)
         for (int k = 0; k < num_input; ++k) {
-            const size_t i = (static_cast<size_t>(o / kBlock) * num_input + k) * kBlock + o % kBlock;
+            const size_t i = pk->index(o, k);
             if (fp16) static_cast<unsigned short*>(pk->weights.data)[i] = 0;
             else static_cast<float*>(pk->weights.data)[i] = 0.f;
         }
@@ -233,7 +318,7 @@ ncnn::Mat unpack_weights(const Packed& pk) {
     float* dst = out;
     for (int o = 0; o < pk.num_output; ++o)
         for (int k = 0; k < pk.num_input; ++k) {
-            const size_t i = (static_cast<size_t>(o / kBlock) * pk.num_input + k) * kBlock + o % kBlock;
+            const size_t i = pk.index(o, k);
             dst[static_cast<size_t>(o) * pk.num_input + k] =
                 pk.fp16 ? from_fp16(static_cast<const unsigned short*>(pk.weights.data)[i])
                         : static_cast<const float*>(pk.weights.data)[i];
@@ -359,11 +444,21 @@ private:
         float* y = top;
         const size_t bytes = weight_bytes(pk);
         const PrefetchPlan plan(gemv_prefetch_choice(pk.fp16), gemv_prefetch_distance_choice(pk.fp16), bytes);
+        GemvPrefetchChoice& streams_choice = gemv_streams_choice(pk.fp16);
+        GemvPrefetchChoice::Pick streams{false, false};
+        const int forced = g_forced_streams.load(std::memory_order_relaxed);
+        if (pk.block == kNarrowBlock && forced != 0) streams = {forced > 1, false};
+        else if (pk.block == kNarrowBlock)
+            streams = plan.sampled() ? GemvPrefetchChoice::Pick{streams_choice.on(), false} : streams_choice.pick(bytes);
         const auto t0 = std::chrono::steady_clock::now();
-        if (pk.fp16) run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(), plan.distance());
-        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(), plan.distance());
+        if (pk.fp16)
+            run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(),
+                                     plan.distance(), streams.prefetch);
+        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(),
+                             plan.distance(), streams.prefetch);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         plan.record(seconds);
+        if (streams.sample) streams_choice.record(streams.prefetch, bytes, seconds);
         gemv_stream_times(pk.fp16).add(bytes, seconds);
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
@@ -453,6 +548,14 @@ void gemv_layer_limit_to_avx2(bool limit) {
     g_avx2_only.store(limit, std::memory_order_relaxed);
 #else
     (void)limit;
+#endif
+}
+
+void gemv_layer_force_streams(int streams) {
+#if NCNNPORT_GEMV_X86
+    g_forced_streams.store(streams == 1 || streams == kNarrowStreams ? streams : 0, std::memory_order_relaxed);
+#else
+    (void)streams;
 #endif
 }
 

@@ -158,6 +158,11 @@ GemvPrefetchChoice& int8_gemv_streams_choice() {
     return choice;
 }
 
+GemvPrefetchChoice& gemv_streams_choice(bool fp16) {
+    static GemvPrefetchChoice fp32_choice, fp16_choice;
+    return fp16 ? fp16_choice : fp32_choice;
+}
+
 GemvPrefetchChoice& attention_prefetch_choice(bool scores) {
     static GemvPrefetchChoice scores_choice(kPastL2PrefetchMinBytes), weighted_choice(kPastL2PrefetchMinBytes);
     return scores ? scores_choice : weighted_choice;

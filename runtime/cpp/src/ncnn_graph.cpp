@@ -230,6 +230,8 @@ nlohmann::json gemv_json(const GraphOptions& options) {
                                 {"int8", int8_gemv_stream_times().json()}}},
             // the int8 AVX2 copy's choice between one stream and kAvx2Streams side by side
             {"int8_gemv_streams", prefetch_json(int8_gemv_streams_choice())},
+            // the one-row kernel's narrow layout (AVX2-only CPUs): one block at a time or 4 side by side
+            {"gemv_streams", {{"fp32", prefetch_json(gemv_streams_choice(false))}, {"fp16", prefetch_json(gemv_streams_choice(true))}}},
             {"attention_prefetch", {{"scores", attention_prefetch_json(true)}, {"weighted", attention_prefetch_json(false)}}},
             {"attention_prefetch_distance", {{"scores", prefetch_report_json(attention_prefetch_distance_choice(true).report())},
                                              {"weighted", prefetch_report_json(attention_prefetch_distance_choice(false).report())}}},

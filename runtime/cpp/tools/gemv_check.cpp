@@ -3,6 +3,7 @@
 //
 //   ncnnport-gemv-check --n N --k K [--rows 1,5,1] [--bias] [--threads T] [--fp16-storage]
 //                       [--fp16-bin] [--act 0..3] [--dims1] [--seed S] [--avx2] [--same-input]
+//                       [--streams 1|4]
 //
 // Why: the overwrite must compute what the built-in computes, up to fp32 summation order, on
 // every path it takes (its own kernel for one row, the built-in it delegates to for several rows,
@@ -24,7 +25,9 @@
 // the same bits; "prefetch" in the JSON is that choice for the layer's weight width, and
 // "prefetch_distance" the choice between the two distances among its prefetching calls.
 // --avx2 limits the kernel to its 8-lane copy on an AVX-512 CPU (gemv_layer_limit_to_avx2); "isa"
-// in the JSON is the copy that ran (gemv_layer_label).
+// in the JSON is the copy that ran (gemv_layer_label). The 8-lane copy packs the narrow layout
+// (16-output blocks) where AVX-512F is absent or limited; --streams forces it to read one block at a
+// time or 4 side by side (default: its choice, gemv_streams_choice, "streams" in the JSON).
 // Exit 0 after printing (the test judges), 2 on bad arguments or an ncnn error.
 #include "ncnnport/gemv_prefetch.h"
 
@@ -54,6 +57,7 @@ struct Args {
     int n = 0, k = 0, threads = 1, act = 0;
     std::vector<int> rows{1};
     bool bias = false, fp16_storage = false, fp16_bin = false, dims1 = false, avx2 = false, same_input = false;
+    int streams = 0;
     unsigned seed = 0;
 };
 
@@ -83,6 +87,11 @@ Args parse(int argc, char** argv) {
         else if (f == "--fp16-bin") a.fp16_bin = true;
         else if (f == "--dims1") a.dims1 = true;
         else if (f == "--avx2") a.avx2 = true;
+        else if (f == "--streams") {
+            if (i + 1 >= argc) throw std::invalid_argument("--streams needs 1 or 4");
+            a.streams = std::stoi(argv[++i]);
+            if (a.streams != 1 && a.streams != 4) throw std::invalid_argument("--streams needs 1 or 4");
+        }
         else if (f == "--same-input") a.same_input = true;
         else throw std::invalid_argument("unknown option " + f);
     }
@@ -203,6 +212,7 @@ int run_check(const Args& a) {
     ncnn::Net ref, test;
     load(ref, a, param, bin);
     ncnnport::gemv_layer_limit_to_avx2(a.avx2);
+    ncnnport::gemv_layer_force_streams(a.streams);
     const bool registered = ncnnport::register_gemv_layer(test);
     load(test, a, param, bin);
     const std::vector<float> wl = loaded_weights(a, w);
@@ -228,6 +238,7 @@ int run_check(const Args& a) {
     const nlohmann::json prefetch = ncnnport::gemv_prefetch_json(a.fp16_storage);
     std::cout << nlohmann::json{{"registered", registered}, {"isa", ncnnport::gemv_layer_label(registered)},
                                 {"prefetch", prefetch},
+                                {"streams", ncnnport::prefetch_report_json(ncnnport::gemv_streams_choice(a.fp16_storage).report())},
                                 {"prefetch_distance", ncnnport::prefetch_report_json(
                                                           ncnnport::gemv_prefetch_distance_choice(a.fp16_storage).report())},
                                 {"calls", calls}}.dump() << "\n";

@@ -49,4 +49,9 @@ const char* gemv_layer_label(bool registered);
 // the tests run both copies on one machine); false lifts the limit.
 void gemv_layer_limit_to_avx2(bool limit);
 
+// Forces the narrow layout (packed where the CPU lacks AVX-512F, or under the limit above) to read
+// one block at a time (1) or 4 side by side (4), instead of gemv_streams_choice (0, the default):
+// for ncnnport-gemv-check --streams, so the tests run both variants.
+void gemv_layer_force_streams(int streams);
+
 }  // namespace ncnnport

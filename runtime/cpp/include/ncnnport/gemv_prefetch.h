@@ -238,6 +238,9 @@ GemvPrefetchChoice& int8_gemv_prefetch_distance_choice();
 // choice: on an AVX2-only EPYC four streams read faster than one (a 160 MB sum 20-22 against 13-15
 // GB/s), on an AVX-512 EPYC one stream was the fastest (int8_gemv_layer.cpp).
 GemvPrefetchChoice& int8_gemv_streams_choice();
+// The same choice for the one-row fp32 (false) / fp16 (true) kernel's narrow layout (gemv_layer.cpp:
+// 16-output blocks, packed where the CPU lacks AVX-512F): 4 blocks side by side or one at a time.
+GemvPrefetchChoice& gemv_streams_choice(bool fp16);
 // The process's choice for the attention scores (true: q K^T) or weighted sums (false: w V),
 // each chosen on its own calls (the two kernels read the cache in different patterns).
 GemvPrefetchChoice& attention_prefetch_choice(bool scores);
