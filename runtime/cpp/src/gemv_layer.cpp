@@ -4,6 +4,7 @@
 #include "ncnnport/gemv_prefetch.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
+#include "ncnnport/static_run.h"
 #include "ncnnport/stream_times.h"
 
 #include <cpu.h>
@@ -20,9 +21,6 @@
 #include <memory>
 #include <mutex>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && defined(__unix__)
 #include <immintrin.h>
@@ -218,13 +216,7 @@ void run_blocks(const Packed& pk, const float* x, float* y, int act, const ncnn:
     const bool stream = stream_output(pk.num_output);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#ifdef _OPENMP
-        const int team = threads > 1 ? omp_get_num_threads() : 1, me = threads > 1 ? omp_get_thread_num() : 0;
-#else
-        const int team = 1, me = 0;
-#endif
-        const int per = pk.blocks / team, extra = pk.blocks % team;
-        const int begin = me * per + std::min(me, extra), end = begin + per + (me < extra ? 1 : 0);
+        const auto [begin, end] = static_run(pk.blocks, threads);
         int b = begin;
         if (pk.block == kNarrowBlock) {
             if (streams && end - begin >= kNarrowStreams) {
@@ -446,10 +438,7 @@ private:
         const PrefetchPlan plan(gemv_prefetch_choice(pk.fp16), gemv_prefetch_distance_choice(pk.fp16), bytes);
         GemvPrefetchChoice& streams_choice = gemv_streams_choice(pk.fp16);
         GemvPrefetchChoice::Pick streams{false, false};
-        const int forced = g_forced_streams.load(std::memory_order_relaxed);
-        if (pk.block == kNarrowBlock && forced != 0) streams = {forced > 1, false};
-        else if (pk.block == kNarrowBlock)
-            streams = plan.sampled() ? GemvPrefetchChoice::Pick{streams_choice.on(), false} : streams_choice.pick(bytes);
+        if (pk.block == kNarrowBlock) streams = plan.streams_pick(streams_choice, g_forced_streams.load(std::memory_order_relaxed));
         const auto t0 = std::chrono::steady_clock::now();
         if (pk.fp16)
             run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(),

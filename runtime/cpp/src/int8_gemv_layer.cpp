@@ -5,6 +5,7 @@
 #include "ncnnport/stream_times.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
+#include "ncnnport/static_run.h"
 
 #include <layer.h>
 #include <layer_type.h>
@@ -20,9 +21,6 @@
 #include <mutex>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 // GCC 12's AVX-512 headers build several intrinsics on _mm512_undefined_*(), which its
@@ -291,13 +289,7 @@ void run_gemv(const Packed& pk, const int8_t* q, const uint8_t* q_abs, const flo
     const bool stream = stream_output(pk.n);  // a large output past the caches (output_store.h)
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-#ifdef _OPENMP
-        const int team = threads > 1 ? omp_get_num_threads() : 1, me = threads > 1 ? omp_get_thread_num() : 0;
-#else
-        const int team = 1, me = 0;
-#endif
-        const int per = pk.groups / team, extra = pk.groups % team;
-        const int begin = me * per + std::min(me, extra), end = begin + per + (me < extra ? 1 : 0);
+        const auto [begin, end] = static_run(pk.groups, threads);
         alignas(64) float out[kAvx2Streams][kLanes];
         int g = begin;
         if (!pk.vnni && streams && end - begin >= kAvx2Streams) {
@@ -487,9 +479,7 @@ private:
         const PrefetchPlan plan(int8_gemv_prefetch_choice(), int8_gemv_prefetch_distance_choice(), bytes);
         GemvPrefetchChoice& streams_choice = int8_gemv_streams_choice();
         GemvPrefetchChoice::Pick streams{false, false};
-        const int forced = g_forced_streams.load(std::memory_order_relaxed);
-        if (!pk.vnni && forced != 0) streams = {forced > 1, false};
-        else if (!pk.vnni) streams = plan.sampled() ? GemvPrefetchChoice::Pick{streams_choice.on(), false} : streams_choice.pick(bytes);
+        if (!pk.vnni) streams = plan.streams_pick(streams_choice, g_forced_streams.load(std::memory_order_relaxed));
         float* y = static_cast<float*>(top.data);
         const auto t0 = std::chrono::steady_clock::now();
         if (plan.prefetch())

@@ -58,6 +58,16 @@ __attribute__((target("avx512f"))) float sum_avx512(const char* p, size_t bytes)
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+// The sum of 8 accumulators' lanes.
+__attribute__((target("avx2"))) inline float reduce_avx2(__m256 (&a)[8]) {
+    alignas(32) float lanes[8];
+    for (int j = 1; j < 8; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
+    _mm256_store_ps(lanes, a[0]);
+    float s = 0.f;
+    for (float v : lanes) s += v;
+    return s;
+}
+
 template <int Variant>
 __attribute__((target("avx2"))) float sum_avx2(const char* p, size_t bytes) {
     __m256 a[8];
@@ -68,12 +78,7 @@ __attribute__((target("avx2"))) float sum_avx2(const char* p, size_t bytes) {
         for (int j = 0; j < 8; ++j) a[j] = _mm256_add_ps(a[j], _mm256_load_ps(reinterpret_cast<const float*>(p + i + 32 * j)));
     }
     for (; i < bytes; i += 32) a[0] = _mm256_add_ps(a[0], _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
-    alignas(32) float lanes[8];
-    for (int j = 1; j < 8; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
-    _mm256_store_ps(lanes, a[0]);
-    float s = 0.f;
-    for (float v : lanes) s += v;
-    return s;
+    return reduce_avx2(a);
 }
 
 // The plain sum of 4 quarters of [p, p + bytes) read side by side, one line of each in turn (bytes:
@@ -99,12 +104,7 @@ __attribute__((target("avx2"))) float sum4_avx2(const char* p, size_t bytes) {
             for (int h = 0; h < 2; ++h)
                 a[2 * s + h] = _mm256_add_ps(a[2 * s + h], _mm256_load_ps(reinterpret_cast<const float*>(p + s * quarter + i + 32 * h)));
     for (size_t i = 4 * quarter; i < bytes; i += 32) a[0] = _mm256_add_ps(a[0], _mm256_load_ps(reinterpret_cast<const float*>(p + i)));
-    alignas(32) float lanes[8];
-    for (int j = 1; j < 8; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
-    _mm256_store_ps(lanes, a[0]);
-    float s = 0.f;
-    for (float v : lanes) s += v;
-    return s;
+    return reduce_avx2(a);
 }
 #endif
 

@@ -192,9 +192,16 @@ public:
     // The distance a prefetching call asks for.
     PrefetchDistance distance() const { return far_.prefetch ? kFarPrefetch : kNearPrefetch; }
     bool far() const { return far_.prefetch; }
-    // Whether either choice samples this call (a third choice, int8_gemv_streams_choice, samples
-    // only calls neither does, and those run its current state).
+    // Whether either choice samples this call.
     bool sampled() const { return pick_.sample || far_.sample; }
+    // A streams choice's pick for this call (int8_gemv_streams_choice, gemv_streams_choice: "prefetch"
+    // stands for the streams side by side): `forced` (1 one stream, more side by side) where a check
+    // tool forced it, else the choice's current state unsampled where this plan samples the call,
+    // else the choice's own pick (so it samples only calls neither prefetch choice does).
+    GemvPrefetchChoice::Pick streams_pick(GemvPrefetchChoice& streams, int forced) const {
+        if (forced != 0) return {forced > 1, false};
+        return sampled() ? GemvPrefetchChoice::Pick{streams.on(), false} : streams.pick(bytes_);
+    }
     // The call's time, recorded by whichever choices sampled it.
     void record(double seconds) const;
 
