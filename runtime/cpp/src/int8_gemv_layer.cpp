@@ -265,18 +265,14 @@ INT8_TARGET_AVX2 void run_groups_avx2(const Packed& pk, int g0, int stride, cons
     }
 }
 
-// y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
-// thread reads one contiguous run of groups), in the copy `pk` was packed for.
-// The group results of groups [g, g + count) in `out`, bias added, stored to y.
-void store_groups(const Packed& pk, int g, int count, float (*out)[kLanes], float* y, bool stream) {
+// Group g's results `out` (kLanes rows), bias added, its valid rows stored to y.
+void store_group(const Packed& pk, int g, float* out, float* y, bool stream) {
     const float* bias = pk.bias.empty() ? nullptr : static_cast<const float*>(pk.bias.data);
-    for (int i = 0; i < count; ++i) {
-        const int o0 = (g + i) * kLanes;
-        const int n = std::min(kLanes, pk.n - o0);
-        if (bias)
-            for (int r = 0; r < n; ++r) out[i][r] += bias[o0 + r];
-        store_block(y + o0, out[i], n, stream);
-    }
+    const int o0 = g * kLanes;
+    const int n = std::min(kLanes, pk.n - o0);
+    if (bias)
+        for (int r = 0; r < n; ++r) out[r] += bias[o0 + r];
+    store_block(y + o0, out, n, stream);
 }
 
 // y = B x (+ bias) for one quantized row, OpenMP over row groups (ncnn's thread count; each
@@ -296,14 +292,14 @@ void run_gemv(const Packed& pk, const int8_t* q, const uint8_t* q_abs, const flo
             const int stride = (end - begin) / kAvx2Streams;
             for (int i = 0; i < stride; ++i) {
                 run_groups_avx2<Prefetch, kAvx2Streams>(pk, begin + i, stride, q, q_abs, xdescale, out, dist);
-                for (int s = 0; s < kAvx2Streams; ++s) store_groups(pk, begin + i + s * stride, 1, out + s, y, stream);
+                for (int s = 0; s < kAvx2Streams; ++s) store_group(pk, begin + i + s * stride, out[s], y, stream);
             }
             g = begin + stride * kAvx2Streams;
         }
         for (; g < end; ++g) {
             if (pk.vnni) run_group<Prefetch>(pk, g, q, xdescale, shift, out[0], dist);
             else run_groups_avx2<Prefetch, 1>(pk, g, 0, q, q_abs, xdescale, out, dist);
-            store_groups(pk, g, 1, out, y, stream);
+            store_group(pk, g, out[0], y, stream);
         }
         output_store_fence(stream);
     }
