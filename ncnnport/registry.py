@@ -147,6 +147,10 @@ class ModelPort(ABC):
     # outside them is refused (a misspelling would silently take the mode's default gate). None:
     # undeclared (every name taken), for ports under test only: every registered port declares it.
     policy_stages: tuple[str, ...] | None = None
+    # Modules its pipeline runs on the host beside the converted graphs and traces like them
+    # (Youtu-VL's tied token embedding, a row lookup into lm_head's weights): with the specs' names
+    # they are the module names the policy is loaded with (``Policy.module`` refuses any other).
+    host_modules: tuple[str, ...] = ()
 
     @abstractmethod
     def load(self, preset: str, ckpt: Path | None) -> LoadedModel:

@@ -73,7 +73,8 @@ def prepare(target: Target) -> Prepared:
     else:
         loaded = port.load(target.preset, ckpt)
     specs = port.module_specs(loaded)
-    policy = Policy.load(port.policy_path, stages=port.policy_stages, modules=[s.name for s in specs])
+    policy = Policy.load(port.policy_path, stages=port.policy_stages,
+                         modules=[*(s.name for s in specs), *port.host_modules])
     for s in specs:
         if not s.tolerances:
             s.tolerances = policy.module(s.name, "fp32")

@@ -53,6 +53,7 @@ class YoutuVLPort(KitPort):
     name = "youtu-vl"
     presets = ("tiny", "mid", "real")
     policy_stages = ("vision", "visual_tokens", "text_embeds", "hidden", "last_logits")
+    host_modules = ("text_embed",)  # tied_embed.EMBED_NAME: the lookup into lm_head's weights, traced
     layer_stacks = (LayerStack("text.num_hidden_layers", "LLM layers"),)
 
     def config_folder(self, preset: str, ckpt: Path | None) -> Path:

@@ -73,7 +73,7 @@ def test_every_policy_names_only_graphs_of_its_models_specs(model):
     from ncnnport.targets import Target
 
     prepared = prepare(Target(model))
-    assert prepared.policy.modules == {s.name for s in prepared.specs}
+    assert prepared.policy.modules == {s.name for s in prepared.specs} | set(prepared.port.host_modules)
 
 
 def write_modules(tmp_path, section):
@@ -111,3 +111,10 @@ def test_asking_for_an_undeclared_module_is_refused_local_and_propagated(tmp_pat
         with pytest.raises(ValueError, match=r"no module 'vae_decode' in this model's graphs \(vae_decod, vae_encode\)"):
             ask("vae_decode", "fp16")
     assert Policy.load(path).module("other") == {"*": Policy.load(path).default()}   # undeclared: the default
+
+
+def test_youtu_vls_host_module_is_its_tied_embedding_lookup():
+    """The traced host module is declared under the name the lookup runs as."""
+    from ncnnport.models.youtu_vl.tied_embed import EMBED_NAME
+
+    assert get_port("youtu-vl").host_modules == (EMBED_NAME,)
