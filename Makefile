@@ -81,9 +81,12 @@ run: $(STAMP)
 
 # Vulkan tests run on lavapipe (software Vulkan) where no GPU is present: .ci/vulkan-driver installs
 # Debian's mesa-vulkan-drivers when missing (as root with apt-get; otherwise it says so).
+# TEST_WORKERS: pytest-xdist processes, one test file each at a time (--dist loadfile keeps a file's
+# module fixtures in one process); default one per core, at most 4; TEST_WORKERS=0 runs in-process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: $(STAMP)
 	@.ci/vulkan-driver
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
 
 clean:
 	rm -rf build
