@@ -249,7 +249,8 @@ class ChildPeak:
     (``getrusage``), which is then its own. Only then: that peak covers every child this process
     ever reaped, and an earlier child reaped during the body (subprocess reaps leftover Popens
     when it starts a new one) would lend its peak to this one; a CI run read 13.8 score blobs that
-    way in the long-prompt memory test, where the executable itself peaks at about 3."""
+    way in the long-prompt memory test, where the executable itself peaks at about 3 (that test
+    now reaps its one child with wait4, whose rusage is the child's own peak)."""
 
     def __init__(self, period_s: float = 0.02) -> None:
         self.period_s = period_s

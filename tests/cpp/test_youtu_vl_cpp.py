@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -242,15 +243,24 @@ def test_parity_runtime_cpp_rows(exe, package, images, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # memory: a long prompt holds one layer call's activations, not the sum over the layer graphs
 
-def _peak_rss_bytes(argv: list[str]) -> int:
-    """Peak RSS of one run of ``argv``, sampled as bench-cpp samples the executable's (every
-    20 ms: a missed top reads low, so the old pooled build read 9.5 blobs here, 12.4 by getrusage)."""
-    from ncnnport.drivers.cpp_bench import ChildPeak
-
-    with ChildPeak() as peak:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    assert res.returncode == 0, res.stderr
-    return peak.peak
+def _peak_rss_bytes(argv: list[str], tmp_path: Path) -> int:
+    """Peak RSS of one run of ``argv``: the child's own ru_maxrss, from reaping it with wait4.
+    Why not bench-cpp's sampler (ChildPeak): a short run can end between two samples, and its
+    fallback, the lifetime peak of every child this process reaped, belongs to an earlier child
+    when the test shares a process with others (pytest-xdist): a CI run read the short prompt as
+    0 and the long one's whole RSS as its growth, 13.8 score blobs."""
+    err_path = tmp_path / "stderr.txt"
+    with open(os.devnull, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+        watchdog = threading.Timer(600, proc.kill)  # the timeout subprocess.run had
+        watchdog.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            watchdog.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
+    assert proc.returncode == 0, err_path.read_text()
+    return usage.ru_maxrss * 1024  # KiB on Linux
 
 
 @pytest.mark.slow
@@ -259,12 +269,12 @@ def test_a_long_prompt_holds_one_layer_calls_activations(exe, package, tmp_path)
     once (the new rows' two score terms and their sum: 3 measured). ncnn's default per-Net pool
     kept every layer graph's blocks after its call and handed large free blocks to small
     requests: the tiny package at S=3038 then peaked 11.8 score blobs above a short prompt
-    (3.0 without it). The bound, 6 blobs, is twice one call's measured live set."""
+    (3.0 without it, sampled). The bound, 6 blobs, is twice one call's measured live set."""
     dims = json.loads((package / "model.json").read_text())["dims"]
     argv = [str(exe), "--package", str(package), "--max-new-tokens", "2", "--no-check"]
-    short = _peak_rss_bytes(argv + ["--prompt", "sky"])
+    short = _peak_rss_bytes(argv + ["--prompt", "sky"], tmp_path)
     out = tmp_path / "long.json"
-    extra = _peak_rss_bytes(argv + ["--prompt", " ".join(["sky"] * 1000), "--json-out", str(out)]) - short
+    extra = _peak_rss_bytes(argv + ["--prompt", " ".join(["sky"] * 1000), "--json-out", str(out)], tmp_path) - short
     rows = json.loads(out.read_text())["chunks"][0]["prompt_tokens"]
     assert rows > 2000, rows  # long enough that the score blobs dominate
     score_blob = dims["heads"] * rows * rows * 4
