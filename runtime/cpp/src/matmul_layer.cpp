@@ -2,6 +2,7 @@
 
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/matmul_many_rows_avx2.h"
 
 #include <layer.h>
 #include <layer_type.h>
@@ -291,8 +292,9 @@ void weighted_any512(int M, const float* w, int K, const T* v, int J, float* out
 // compute-bound (2 M flops per cache float), so the stream kernels above, which hold a few rows
 // and re-read the cache once per 4 of them, are not the shape; ncnn's Gemm packs the whole cache
 // on every call. These kernels hold every query row of a tile in registers, so each cache row is
-// read from memory once per call and meets all M rows there. AVX-512 only (16 lanes, 32
-// registers); on an AVX2-only CPU these products stay on the built-in.
+// read from memory once per call and meets all M rows there. These are the 16-lane copy (AVX-512F,
+// 32 registers); AVX2-only CPUs run matmul_many_rows_avx2.cpp's 8-lane one (another tile shape,
+// the same bits).
 #define MATMUL_TARGET_512 __attribute__((target("avx512f,avx2,fma")))
 
 // A weighted sum's k chunk: 64 cache rows (128 KB at Youtu-VL's 512-wide latent, in L2). And how
@@ -517,11 +519,17 @@ public:
             // value columns for the weighted sums), so one head (MLA) still spreads over the
             // threads; every output is one tile's, in one order, at any thread count
             const int parts = std::max(1, std::min(opt.num_threads, N));
+            const bool wide = matmul_stream_avx512();
 #pragma omp parallel for collapse(2) num_threads(opt.num_threads) schedule(static) if (opt.num_threads > 1)
             for (int p = 0; p < heads; ++p)
                 for (int part = 0; part < parts; ++part) {
                     const int n0 = static_cast<int>(static_cast<int64_t>(N) * part / parts);
                     const int n1 = static_cast<int>(static_cast<int64_t>(N) * (part + 1) / parts);
+                    if (!wide) {  // the 8-lane copy (matmul_many_rows_avx2.h): the same bits
+                        if (scores_case) many_rows_scores_avx2(M, A.channel(p), K, B.channel(p), n0, n1, top.channel(p), N);
+                        else many_rows_weighted_avx2(M, A.channel(p), K, B.channel(p), N, n0, n1, top.channel(p));
+                        continue;
+                    }
                     const size_t cn = scores_case ? static_cast<size_t>(K) : 1, ck = scores_case ? 1 : static_cast<size_t>(N);
                     many_rows(M, A.channel(p), K, B.channel(p), cn, ck, n0, n1, top.channel(p), N);
                 }
@@ -625,8 +633,7 @@ bool matmul_layer_supported() {
 
 bool matmul_many_rows_supported() {
 #if NCNNPORT_MATMUL_X86
-    static const bool yes = matmul_layer_supported() && __builtin_cpu_supports("avx512f");
-    return yes;
+    return matmul_layer_supported();  // AVX-512F: the 16-lane copy; else the 8-lane one
 #else
     return false;
 #endif
@@ -634,7 +641,8 @@ bool matmul_many_rows_supported() {
 
 bool matmul_stream_avx512() {
 #if NCNNPORT_MATMUL_X86
-    return matmul_many_rows_supported() && !g_avx2_only.load(std::memory_order_relaxed);
+    static const bool avx512f = matmul_layer_supported() && __builtin_cpu_supports("avx512f");
+    return avx512f && !g_avx2_only.load(std::memory_order_relaxed);
 #else
     return false;
 #endif

@@ -20,8 +20,9 @@
 // Prints one JSON object: "registered", "many_rows" (whether M > kStreamMaxRows runs the
 // overwrite's kernels on this CPU), the shapes, "kernel_calls" (the overwrite's own products),
 // "max_abs_diff", "max_diff_over_bound", "bit_equal", and with --rounds the two medians. With
-// --trans-b 0 also "equals_fma_chain": whether every output of the overwrite is bit for bit the
-// k-ascending chain of fused multiply-adds from zero, the order its weighted-sum kernels promise.
+// --trans-b 0, and with --trans-b 1 where the many-row kernels run (M > kStreamMaxRows), also
+// "equals_fma_chain": whether every output of the overwrite is bit for bit the k-ascending chain
+// of fused multiply-adds from zero, the order those kernels promise.
 // With --rounds, "rounds_equal_first": whether every timed call of the overwrite gave the first
 // call's bits. "prefetch" is the attention prefetch choice of the product's kind (gemv_prefetch.h):
 // the few-row kernels alternate prefetching and plain calls while they sample, so a run of at
@@ -164,6 +165,9 @@ int main(int argc, char** argv) {
         const double u = std::ldexp(1.0, -24), gamma = (a.k + 1) * u / (1 - (a.k + 1) * u);
         double max_diff = 0.0, max_ratio = 0.0;
         bool bit_equal = true, equals_chain = true;
+        // the orders the kernels promise: the weighted sums always, the scores of the many-row
+        // kernels too (every output one chain); the few-row scores add partial sums
+        const bool chain_promised = !a.trans_b || (a.m > ncnnport::kStreamMaxRows && ncnnport::matmul_many_rows_supported());
         for (int p = 0; p < a.heads; ++p) {
             const float* w = want.channel(p);
             const float* g = got.channel(p);
@@ -180,9 +184,10 @@ int main(int argc, char** argv) {
                     const double bound = 2 * gamma * s;
                     max_ratio = std::max(max_ratio, bound > 0 ? diff / bound : (diff > 0 ? INFINITY : 0.0));
                     bit_equal = bit_equal && std::memcmp(&w[i], &g[i], sizeof(float)) == 0;
-                    if (!a.trans_b) {
+                    if (chain_promised) {
                         float chain = 0.f;
-                        for (int k = 0; k < a.k; ++k) chain = std::fma(ap[m * a.k + k], bp[k * a.n + n], chain);
+                        for (int k = 0; k < a.k; ++k)
+                            chain = std::fma(ap[m * a.k + k], a.trans_b ? bp[n * a.k + k] : bp[k * a.n + n], chain);
                         equals_chain = equals_chain && std::memcmp(&chain, &g[i], sizeof(float)) == 0;
                     }
                 }
@@ -193,7 +198,7 @@ int main(int argc, char** argv) {
                               {"threads", a.threads}, {"out_shape", {want.c, want.h, want.w}},
                               {"kernel_calls", kernel_calls}, {"max_abs_diff", max_diff}, {"max_diff_over_bound", max_ratio},
                               {"bit_equal", bit_equal}, {"fp16_cache", a.fp16_cache}};
-        if (!a.trans_b) out["equals_fma_chain"] = equals_chain;
+        if (chain_promised) out["equals_fma_chain"] = equals_chain;
         if (!a.dump.empty()) {
             std::ofstream f(a.dump, std::ios::binary);
             for (int p = 0; p < got.c; ++p)

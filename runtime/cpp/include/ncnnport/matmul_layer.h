@@ -29,16 +29,17 @@ bool matmul_layer_supported();
 // built-in, so a cache is stored in 2 bytes only where this holds.
 bool matmul_fp16_cache_supported();
 
-// True where the many-row kernels run (M > kStreamMaxRows): matmul_layer_supported() and AVX-512F.
+// True where the many-row kernels run (M > kStreamMaxRows): matmul_layer_supported(); their
+// 16-lane copy with AVX-512F, else the 8-lane one (matmul_many_rows_avx2.h).
 bool matmul_many_rows_supported();
 
-// True where the few-row weighted sums run their 16-lane copy: AVX-512F, unless limited by
-// matmul_layer_limit_to_avx2. Both copies give the same bits.
+// True where the few-row weighted sums and the many-row kernels run their 16-lane copies:
+// AVX-512F, unless limited by matmul_layer_limit_to_avx2. Both copies give the same bits.
 bool matmul_stream_avx512();
 
-// Limits the few-row weighted sums to their 8-lane AVX2 copy on an AVX-512 CPU
-// (ncnnport-matmul-check --avx2, so the tests hold both copies' bits equal on one machine); false
-// lifts the limit.
+// Limits the few-row weighted sums and the many-row kernels to their 8-lane AVX2 copies on an
+// AVX-512 CPU (ncnnport-matmul-check --avx2, so the tests hold both copies' bits equal on one
+// machine); false lifts the limit.
 void matmul_layer_limit_to_avx2(bool limit);
 
 // What a run reports for its MatMul: "ncnn" when the overwrite is not registered, else
@@ -56,8 +57,8 @@ uint64_t matmul_layer_calls();
 // 1-8 query heads of one KV head; bandwidth-bound, each cache row read once per 4 query rows).
 constexpr int kStreamMaxRows = 8;
 
-// The most query rows per head the kernel takes. Above kStreamMaxRows the many-row kernels run,
-// where the CPU has AVX-512F (elsewhere ncnn's built-in): MLA's absorbed decode (Youtu-VL: 32
+// The most query rows per head the kernel takes. Above kStreamMaxRows the many-row kernels run
+// (16 lanes with AVX-512F, else 8): MLA's absorbed decode (Youtu-VL: 32
 // query heads over one shared 512-wide latent cache, 64 rows for two new tokens), which is
 // compute-bound at 2 x 32 flops per cache float.
 constexpr int kMatmulMaxRows = 64;
