@@ -220,11 +220,6 @@ void many_rows_weighted_avx2(int M, const float* w, int K, const float* v, int J
     }
 }
 
-#else
-
-void many_rows_scores_avx2(int, const float*, int, const float*, int, int, float*, int) {}
-void many_rows_weighted_avx2(int, const float*, int, const float*, int, int, int, float*) {}
-
-#endif  // NCNNPORT_MANY_ROWS_X86
+#endif  // NCNNPORT_MANY_ROWS_X86: elsewhere nothing calls these (matmul_layer.cpp's overwrite is x86 only)
 
 }  // namespace ncnnport

@@ -14,6 +14,7 @@
 //
 // Every output is one chain of fused multiply-adds over k ascending from zero, as in the 16-lane
 // kernels, so both copies give the same bits, at any thread count and any split of the outputs.
+// Defined on x86 only (AVX2 and FMA, checked by the caller: matmul_layer_supported()).
 #pragma once
 
 namespace ncnnport {
