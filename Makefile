@@ -99,13 +99,15 @@ VULKAN ?=
 NCNN_ISA ?= avx512
 NCNN_OPTS = --isa $(NCNN_ISA) $(if $(filter 1,$(VULKAN)),--vulkan)
 CPP_BUILD = build/cpp$(if $(filter 1,$(VULKAN)),-vulkan)
+# CPP_TARGETS=...: build only these CMake targets (e.g. ncnnport-youtu-vl); empty builds them all
+CPP_TARGETS ?=
 
 .PHONY: cpp
 cpp: $(STAMP)
 	$(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS)
-	@mkdir -p build
+	@mkdir -p $(dir $(CPP_BUILD))
 	nice -n 19 cmake -S runtime/cpp -B $(CPP_BUILD) -Dncnn_DIR="$$($(BIN)/python runtime/cpp/build_ncnn.py $(NCNN_OPTS) --no-apt --print-prefix)/lib/cmake/ncnn" > $(CPP_BUILD).configure.log || (cat $(CPP_BUILD).configure.log; exit 1)
-	nice -n 19 cmake --build $(CPP_BUILD) -j2
+	nice -n 19 cmake --build $(CPP_BUILD) -j2 $(if $(CPP_TARGETS),--target $(CPP_TARGETS))
 
 # `make cpp-vulkan-verify [MODEL=...] [PRESET=tiny] [LAYERS=K]`: `make cpp VULKAN=1`, then per model its
 # package (convert reuses an up-to-date one), `ncnnport-cpp verify --vulkan` (golden rows judged by the

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.cpp.make_targets import make_cpp
+from tests.cpp.make_targets import run_make
 
 ROOT = Path(__file__).resolve().parents[2]
 CPP = ROOT / "runtime" / "cpp"
@@ -238,16 +238,22 @@ def test_links_the_pinned_ncnn(cpp_exe):
 
 
 def test_make_cpp_relinks_the_current_ncnn_after_an_options_change(cpp_exe, tmp_path):
-    """A CMake cache still naming another ncnn install (other options) is overridden, not kept."""
+    """A CMake cache still naming another ncnn install (other options) is overridden, not kept,
+    and the build links the current one. In a build tree of its own, one small target: relinking
+    build/cpp rewrote the executables other test processes were running (under pytest-xdist a
+    worker's exec of build/cpp/ncnnport-cpp met EACCES mid-link)."""
     b = build_script()
     prefix = b.install_dir(b.build_options(b.read_layer_list(), False, b.default_isa("host")))
     other = shutil.copytree(prefix, tmp_path / "ncnn-other-options")
-    cache = ROOT / "build" / "cpp" / "CMakeCache.txt"
-    subprocess.run(["cmake", "-S", str(CPP), "-B", str(cache.parent), f"-Dncnn_DIR={other}/lib/cmake/ncnn"],
+    tree = tmp_path / "cpp"
+    subprocess.run(["cmake", "-S", str(CPP), "-B", str(tree), f"-Dncnn_DIR={other}/lib/cmake/ncnn"],
                    capture_output=True, check=True)
-    make_cpp()
-    (line,) = [x for x in cache.read_text().splitlines() if x.startswith("ncnn_DIR:")]
+    res = run_make("cpp", f"CPP_BUILD={tree}", "CPP_TARGETS=ncnnport-huge-pages-check")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (line,) = [x for x in (tree / "CMakeCache.txt").read_text().splitlines() if x.startswith("ncnn_DIR:")]
     assert line.split("=", 1)[1] == f"{prefix}/lib/cmake/ncnn"
+    assert (tree / "ncnnport-huge-pages-check").is_file()
+    assert not (tree / "ncnnport-cpp").exists()  # CPP_TARGETS built that target only
 
 
 def test_check_passes_on_a_converted_package(cpp_exe, converted):
