@@ -20,33 +20,41 @@ GemvPrefetchChoice::Pick GemvPrefetchChoice::pick(size_t weight_bytes) {
         --warmup_left_;
         return {false, false};
     }
-    // plain first; a prefetching call only after a plain one of the same size, its pair (undecided:
-    // right after it; decided: the next call of that size)
+    // a pair's second call runs the other variant on a call of the same size (undecided: right after
+    // the first; decided: the next call of that size)
     if (pending_bytes_ == weight_bytes) {
         pending_bytes_ = 0;
-        return {true, true};
+        return {!pending_prefetch_, true};
     }
     if (state_ >= 0) {  // a started pair waits for the next call of its size; every call counts
         ++calls_since_pair_;  // (so the starts step through every position of a repeating call order)
         if (pending_bytes_ != 0 || calls_since_pair_ < recheck_every_) return {state_ == 1, false};
         calls_since_pair_ = 0;
     }
-    pending_bytes_ = weight_bytes;  // undecided: a call of another size takes the place of an unpaired one
-    return {false, true};
+    // a pair's first call (undecided: a call of another size takes the place of an unpaired first
+    // call). The pairs come in blocks of two, one of each order; a pseudo-random bit picks the block's
+    // first order, so the order never keeps step with a repeating call order.
+    const bool block_second = std::min(on_.size(), off_.size()) % 2 == 1;
+    if (!block_second) block_prefetch_first_ = (order_bits_() >> 15) & 1u;
+    pending_bytes_ = weight_bytes;
+    pending_prefetch_ = block_second ? !block_prefetch_first_ : block_prefetch_first_;
+    return {pending_prefetch_, true};
 }
 
 void GemvPrefetchChoice::record(bool prefetch, size_t weight_bytes, double seconds) {
     if (seconds <= 0.0) return;
     std::lock_guard<std::mutex> lock(mutex_);
     const double gbps = static_cast<double>(weight_bytes) / seconds / 1e9;
-    if (prefetch) {
-        if (on_.size() < off_.size()) on_.push_back(gbps);
-    } else if (off_.size() > on_.size()) {
-        off_.back() = gbps;  // the plain call before found no pair: replaced
-    } else {
-        off_.push_back(gbps);
+    if (pending_bytes_ != 0) {  // a pair's first call (an unpaired first call before it is replaced)
+        first_gbps_ = gbps;
+        first_prefetch_ = prefetch;
+        return;
     }
-    if (prefetch) decide();
+    if (first_gbps_ <= 0.0 || first_prefetch_ == prefetch) return;  // no first call to pair with
+    on_.push_back(prefetch ? gbps : first_gbps_);
+    off_.push_back(prefetch ? first_gbps_ : gbps);
+    first_gbps_ = 0.0;
+    decide();
 }
 
 double GemvPrefetchChoice::recent_ratio() const {

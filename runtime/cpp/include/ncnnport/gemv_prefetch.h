@@ -8,10 +8,23 @@
 // instructions change no arithmetic, so the two variants give the same bits and the choice can be
 // made on real calls: one-row calls of layers with at least kGemvPrefetchMinBytes of weights
 // (a decode step's head shards and projections) alternate plain and prefetching until
-// kGemvPrefetchSamples pairs are timed, each prefetching call paired with the plain call right
-// before it, which must read the same bytes (a plain call followed by a call of another size
-// is re-taken: calls of different sizes differ in GB/s by more than the prefetch, a start-up
-// being a larger share of a small call), and prefetch is
+// kGemvPrefetchSamples pairs are timed: two calls in a row that read the same bytes, one in each
+// variant (a first call followed by a call of another size is re-taken: calls of different sizes
+// differ in GB/s by more than the prefetch, a start-up being a larger share of a small call), the
+// pairs in blocks of two, one plain first and one prefetching first, the block's first order a
+// pseudo-random bit (kGemvPrefetchOrderSeed: a strict alternation can keep step with a call order
+// that repeats every two calls, and then one order always meets the faster call). Why both orders:
+// with plain always first (the rule before 2026-12-05), whatever favours the later call of a pair
+// counted as prefetch's gain: a machine reading faster as a run warms up, or a projection that
+// follows the pair's first one in memory (gate then up). With both orders in every block such an
+// advantage helps prefetch in half the pairs and plain in the other half, so the sign test's
+// guarantee below holds against it too (tests/cpp/test_gemv_layer.py scripts both cases); a real
+// gain smaller than it (plus the margin) is then left to the rechecks below, whose median ratio
+// falls between the two orders' ratios. In the model no difference showed outside the noise: on the
+// AVX2-only EPYC (qwen3-asr real-L4 fp16, 32 tokens, 2026-12-05, 12 pairs of runs, the build that
+// ran first alternating) the tokens took a median 1.03x the old rule's time [0.94, 1.10], the same
+// text, and the first decision came out "on" in 6 of 12 runs under either rule (its first tokens
+// read faster prefetching there; it was off again at the end of 22 of the 24 runs). Prefetch is
 // kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
 // of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
 // real difference, 7 or more wins of 8 come with probability at most 9/256). The test is
@@ -53,6 +66,7 @@
 
 #include <cstddef>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -91,6 +105,9 @@ constexpr int kGemvPrefetchRecheckPairs = 16;         // pairs whose median rati
 // A win is a prefetching call this much faster than its pair's plain one: not prefetching is the
 // safe default (what the hardware prefetchers are built for), so a tie must count as a loss.
 constexpr double kGemvPrefetchMargin = 0.03;
+// Seeds the pseudo-random bits that order each block of two pairs (std::minstd_rand: the same
+// sequence with every standard library, so a run's pairs are reproducible).
+constexpr unsigned kGemvPrefetchOrderSeed = 20261205u;
 
 // How far ahead a prefetching stream asks for its lines: into L2 (`far`), then into L1 (`near`).
 struct PrefetchDistance {
@@ -171,9 +188,14 @@ private:
     const size_t min_bytes_;
     mutable std::mutex mutex_;
     int state_ = -1;  // -1 undecided, 0 off, 1 on
-    size_t pending_bytes_ = 0;      // the size of a sampled plain call still waiting for its pair, else 0
+    size_t pending_bytes_ = 0;      // the size of a pair's first call still waiting for its second, else 0
                                     // (undecided: the very next call; decided: the next call of its size)
-    std::vector<double> on_, off_;  // GB/s of sampled calls, in call order (pair i = off_[i], on_[i])
+    bool pending_prefetch_ = false; // the variant that first call ran (the second runs the other)
+    bool block_prefetch_first_ = false;  // the order of the current block's first pair (drawn at its start)
+    std::minstd_rand order_bits_{kGemvPrefetchOrderSeed};  // fixed: the same orders in every run
+    double first_gbps_ = 0.0;       // the first call's GB/s once recorded, until its pair completes
+    bool first_prefetch_ = false;
+    std::vector<double> on_, off_;  // GB/s of the completed pairs (pair i = off_[i], on_[i])
     int warmup_left_;               // sampled-size calls still to run unsampled
     int calls_since_pair_ = 0;      // sampled-size calls since the last pair started (once decided)
     int recheck_every_ = kGemvPrefetchRecheckEvery;  // recheck_every() after the last pair
