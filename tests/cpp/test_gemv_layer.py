@@ -225,8 +225,8 @@ def test_the_warm_up_calls_are_neither_sampled_nor_prefetched(built_cpp):
 
 @pytest.mark.slow
 def test_the_prefetch_choice_pairs_only_calls_of_one_size(built_cpp):
-    """Qwen3-ASR's int8 decode layer order (2, 1, 1, 2, 3, 3, 3 MiB): every prefetching sample
-    follows a plain sample of the same size, and a real 10 % gain is found."""
+    """Qwen3-ASR's int8 decode layer order (2, 1, 1, 2, 3, 3, 3 MiB): every pair is two sampled
+    calls of one size, one in each variant, and a real 10 % gain is found."""
     layer = [2 * MIB, MIB, MIB, 2 * MIB, 3 * MIB, 3 * MIB, 3 * MIB]
     out = run_choice(built_cpp, [(b, 10.0, 11.0) for b in layer * 24])
     # the rule: a sampled call of the pending pair's size completes it in the other variant; any other
@@ -322,8 +322,8 @@ def test_a_later_call_reading_faster_is_not_read_as_a_prefetch_gain(built_cpp):
     """Whatever favours the second call of a pair, with no difference between the variants, leaves
     prefetch off: a machine speeding up call by call (a run warming up), or the second of two
     same-size projections reading faster (gate then up, the one after in memory). With plain always
-    first both read as 8 wins of 8 (the AVX2-only EPYC's first decisions, gemv_prefetch.h); the
-    alternating order gives prefetch the faster call in half the pairs only."""
+    first (the rule before) both read as 8 wins of 8; with both orders in every block of two pairs,
+    prefetch has the faster call in half the pairs only."""
     warming = [(8 * MIB, 10.0 * 1.05 ** i, 10.0 * 1.05 ** i) for i in range(40)]  # 5 % faster per call
     out = run_choice(built_cpp, warmed(warming), min_bytes=4 * MIB)["report"]
     assert out["first"] == {"pairs": 8, "won": 4, "state": "off"}, out
