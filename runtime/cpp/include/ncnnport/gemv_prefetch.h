@@ -24,7 +24,11 @@
 // AVX2-only EPYC (qwen3-asr real-L4 fp16, 32 tokens, 2026-12-05, 12 pairs of runs, the build that
 // ran first alternating) the tokens took a median 1.03x the old rule's time [0.94, 1.10], the same
 // text, and the first decision came out "on" in 6 of 12 runs under either rule (its first tokens
-// read faster prefetching there; it was off again at the end of 22 of the 24 runs). Prefetch is
+// read faster prefetching there; it was off again at the end of 22 of the 24 runs). On its int8
+// package (package-int8w, the same A/B) 0.93x [0.89, 1.06], the same text; there the old rule's
+// first decisions read 0-3 wins of 8 and this one's 3-4 in 9 of 12 runs (6 and 7 of 8, 12 of 16
+// in the others; every run ended off), which suggests the later call of a pair read slower there.
+// Prefetch is
 // kept when it read faster by more than kGemvPrefetchMargin in at least kGemvPrefetchWinsNeeded
 // of the pairs: a sign test, so one slow call on a loaded machine cannot switch it on (with no
 // real difference, 7 or more wins of 8 come with probability at most 9/256). The test is
