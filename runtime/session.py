@@ -140,7 +140,8 @@ class NcnnModule:
         # image of one window) then holds only the net of all the threads (``solo``), not the
         # split one too (Youtu-VL's window segments: most of the vision tower's weights).
         self._net: Any = None
-        self._net_lock = threading.Lock()
+        self._net_lock = threading.Lock()  # guards _net and _variants
+        self._variants: dict[tuple[str, RuntimeOptions], NcnnModule] = {}
         if self.split.workers < 2:
             self._net = self._load_net()
 
@@ -178,11 +179,19 @@ class NcnnModule:
 
     def variant(self, name: str, options: RuntimeOptions | None = None) -> "NcnnModule":
         """The module's ``name`` variant graph over the same ``.bin`` (see ``GraphVariant``),
-        as its own module with ``options`` (default: this module's)."""
+        as its own module with ``options`` (default: this module's). Opened once per name and
+        options and kept with this module: the same param over the same weights under the same
+        options is the same graph, so every caller (each ``generate``'s decode runners, each size
+        of a bench stage) shares it instead of loading the weights again (Youtu-VL real-L4's
+        fp16 decode variants: about 2 GB a copy)."""
         if name not in self.variants():
             raise NcnnError(f"module {self.name}: no graph variant {name!r} (declared: {self.variants() or 'none'})")
-        param = self.param.with_name(variant_param_name(self.spec["name"], name))
-        return NcnnModule(param, self.weights, self.spec, self.options if options is None else options, variant=name)
+        key = (name, self.options if options is None else options)
+        with self._net_lock:
+            if key not in self._variants:
+                param = self.param.with_name(variant_param_name(self.spec["name"], name))
+                self._variants[key] = NcnnModule(param, self.weights, self.spec, key[1], variant=name)
+            return self._variants[key]
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self.run_with(arrays)[0]

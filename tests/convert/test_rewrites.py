@@ -121,6 +121,25 @@ def test_variant_shares_the_bin_and_computes_the_same(converted):
         base.variant("prefill")
 
 
+def test_a_variant_is_opened_once_per_module_and_options(converted):
+    """Every caller of the same variant under the same options gets the one module (each
+    ``generate``'s decode runners, each size of a bench stage: loaded twice, Youtu-VL real-L4's
+    fp16 variants took 2 GB more and a bench ran out of memory); other options, or another
+    session of the base graph, open their own."""
+    from ncnnport.runtime.options import FP32
+    from ncnnport.runtime.session import NcnnModule
+
+    _spec_, record, _receipt, ncnn_dir = converted
+    base = NcnnModule(ncnn_dir / "mlp.ncnn.param", ncnn_dir / "mlp.ncnn.bin", record)
+    decode = base.variant("decode")
+    assert base.variant("decode") is decode and base.variant("decode", base.options) is decode
+    half = base.variant("decode", FP32.with_(fp16_storage=True))
+    assert half is not decode and half.options.fp16_storage
+    assert base.variant("decode", FP32.with_(fp16_storage=True)) is half
+    other = NcnnModule(ncnn_dir / "mlp.ncnn.param", ncnn_dir / "mlp.ncnn.bin", record)
+    assert other.variant("decode") is not decode
+
+
 def test_with_variant_refuses_a_variant_no_graph_declares(converted):
     from ncnnport.runtime.session import NcnnModule
     from ncnnport.runtime.variants import with_variant
