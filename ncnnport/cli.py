@@ -335,10 +335,11 @@ def _device_perf(args: argparse.Namespace, prep: Any, pkg: Path, backends: list[
 
 def cmd_bench_cpp(args: argparse.Namespace) -> int:
     """``bench-cpp``: the C++ loop vs the Python ncnn loop vs torch eager (drivers/cpp_bench.py)."""
-    from ncnnport.drivers.cpp_bench import bench_target, check_options
+    from ncnnport.drivers.cpp_bench import bench_sizes, bench_target, check_options
     from ncnnport.runtime.precision import get as get_precision
     from ncnnport.stages import precision_package, prepare
     ok = True
+    sizes = bench_sizes(args.sizes)
     for t in _targets(args):
         check_options(t.model, args.rounds, args.new_tokens, args.vulkan, args.torch_device, not args.no_torch,
                       args.precision, args.huge_pages)
@@ -346,7 +347,6 @@ def cmd_bench_cpp(args: argparse.Namespace) -> int:
         with _locked(t, args):
             prep = prepare(t)
             pkg = precision_package(prep, get_precision(args.precision), force=args.force)
-            sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
             report = bench_target(prep, pkg, sizes, args.new_tokens, args.rounds, args.threads, not args.no_torch,
                                   t.build_root / "reports" / "bench-cpp", args.vulkan, args.torch_device,
                                   args.precision, args.huge_pages)

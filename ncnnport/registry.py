@@ -212,9 +212,10 @@ class ModelPort(ABC):
     cpp_bench_kind: str = "decode"
 
     def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
-        """One :class:`CppBenchCase` per size, yielded one at a time (what every size shares, e.g.
-        the opened package, is built once; a case's inputs are written under ``ctx.workdir``).
-        ``ctx`` is a ``models.bench_kit.BenchContext``."""
+        """One :class:`CppBenchCase` per size (what every size shares, e.g. the opened package, is
+        built once; a case's inputs are written under ``ctx.workdir``). The driver takes every
+        case before the first run, since its rounds interleave the sizes: a case holds its inputs
+        and calls, not a size's working memory. ``ctx`` is a ``models.bench_kit.BenchContext``."""
         raise NotImplementedError(f"model {self.name} has no C++ bench")
 
     # --- the package alone (torch-free; ``ncnnport verify`` and ``run --package``) -------------

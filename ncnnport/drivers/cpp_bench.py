@@ -3,9 +3,12 @@ package loop and PyTorch eager on the same package, input and thread count.
 
 The workloads come from the port (``ModelPort.cpp_bench_cases``, one ``registry.CppBenchCase``
 per size, built in the model's folder: ``models/<model>/cpp_bench.py``); nothing here knows a
-model. Per case, ``rounds`` rounds; each round runs the C++ executable (a fresh process), the
-Python package loop and the torch reference, the order rotating per round
-(``runtime.perf_timing``'s rule), so a load change on the shared machine hits all three alike.
+model. ``rounds`` rounds; each round runs every case, and in each case the C++ executable (a fresh
+process), the Python package loop and the torch reference, both orders rotating per round
+(``runtime.perf_timing``'s rule), so a load change on the shared machine hits all three alike, and
+hits every size alike: the flatness in context (the longest prompt's per-token time over the
+shortest's) is the median of per-round ratios, as the runtimes' ratios are. Timed one size after
+the other, a machine that slowed between the blocks read P=1000 faster than P=100 (0.80).
 
 ``decode`` cases (LLMs): per-token decode = the time from the first generated token to the last
 over the steps between them (prefill, loading and the encoder are not in it); the executable
@@ -231,13 +234,26 @@ def interleaved_runs(calls: Mapping[str, Callable[[], Any]], rounds: int,
     """``rounds`` rounds, each calling every runtime once; round ``r`` starts at runtime
     ``r % n`` (the rotation of ``perf_timing.interleaved_ms``). Returns each runtime's results
     in round order."""
-    names = list(calls)
-    out: dict[str, list[Any]] = {n: [None] * rounds for n in names}
+    return interleaved_case_runs({"": calls}, rounds, lambda _case, m: progress(m))[""]
+
+
+def interleaved_case_runs(cases: Mapping[str, Mapping[str, Callable[[], Any]]], rounds: int,
+                          progress: Callable[[str, str], None] = lambda _c, _m: None) -> dict[str, dict[str, list[Any]]]:
+    """``rounds`` rounds, each running every case once and, inside a case, every runtime once:
+    round ``r`` starts at case ``r % cases`` and, in each case, at runtime ``r % runtimes``
+    (``perf_timing.interleaved_ms``'s rotation at both levels). So round ``r`` of every size runs
+    within one round's minutes, and a ratio between two sizes can be taken round by round.
+    Returns each case's runtimes' results in round order; ``progress(case, message)``."""
+    labels = list(cases)
+    out = {c: {n: [None] * rounds for n in cases[c]} for c in labels}
     for r in range(rounds):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
-            progress(f"round {r + 1}/{rounds}: {name}")
-            out[name][r] = calls[name]()
+        for i in range(len(labels)):
+            case = labels[(r + i) % len(labels)]
+            names = list(cases[case])
+            for j in range(len(names)):
+                name = names[(r + j) % len(names)]
+                progress(case, f"round {r + 1}/{rounds}: {name}")
+                out[case][name][r] = cases[case][name]()
     return out
 
 
@@ -320,6 +336,12 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def by_round(values: Sequence[float]) -> dict[str, Any]:
+    """``spread`` with the values in round order (``rounds``): the rounds of every case are
+    interleaved, so a ratio between two cases is taken round by round (``flatness``)."""
+    return {**spread(values), "rounds": [float(v) for v in values]}
+
+
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first differing id (or the shorter length), None when equal."""
     if list(a) == list(b):
@@ -348,7 +370,7 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     row: dict[str, Any] = {"case": label, "prompt_tokens": cpp[0].prompt_tokens, "new_tokens": new_tokens,
                            "rounds": len(cpp)}
     for name, rs in runs.items():
-        row[name] = {"per_token_ms": spread([r.per_token_ms for r in rs]), "decode_steps": [r.decode_steps for r in rs],
+        row[name] = {"per_token_ms": by_round([r.per_token_ms for r in rs]), "decode_steps": [r.decode_steps for r in rs],
                      "stopped_by_eos": [r.stopped_by_eos for r in rs], "prompt_tokens": [r.prompt_tokens for r in rs]}
         if name != "cpp":
             row[f"{name}_over_cpp"] = ratio_estimate([r.per_token_ms for r in rs],
@@ -357,7 +379,7 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     row["cpp"]["overhead"] = spread([o for o in overheads if o is not None])
     row["cpp"]["decode_graph_ms_per_token"] = spread([1e3 * r.decode_graph_s / r.decode_steps for r in cpp])
     if all(r.decode_layers_s is not None for r in cpp):
-        row["cpp"]["layers_ms_per_token"] = spread([1e3 * r.decode_layers_s / r.decode_steps for r in cpp])
+        row["cpp"]["layers_ms_per_token"] = by_round([1e3 * r.decode_layers_s / r.decode_steps for r in cpp])
     value_bytes = {r.kv_value_bytes for r in cpp if r.kv_value_bytes is not None}
     if value_bytes:
         # the widest a round stored: "incl. K/V" must not count fewer bytes than a round read
@@ -503,6 +525,20 @@ def torch_device_problem(port: ModelPort, device: str) -> str | None:
     return device_missing(device)
 
 
+def bench_sizes(text: str | None) -> list[int] | None:
+    """``--sizes a,b``: positive integers, each once (the rounds keep every size's runs by its
+    label, and interleave the sizes); None: the port's defaults. Refused before any model loads."""
+    if not text:
+        return None
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise BenchError(f"bench-cpp --sizes {text}: give comma-separated integers, e.g. 100,1000") from None
+    if any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+        raise BenchError(f"bench-cpp --sizes {text}: each size a positive integer, given once")
+    return sizes
+
+
 def check_options(model: str, rounds: int, new_tokens: int, vulkan: bool = False, torch_device: str = "cpu",
                   torch: bool = True, precision: str = "fp32", huge_pages: bool = False) -> None:
     """Refuse, in one line and before anything is built, what the bench cannot run: no C++ bench,
@@ -551,28 +587,40 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
                 log: Callable[[str], None], model: str, new_tokens: int,
                 vulkan: bool = False, precision: str = "fp32",
                 huge_pages: bool = False, policy: Any = None) -> tuple[list[dict[str, Any]], set[str]]:
-    """Every case's interleaved rounds as rows, and the kinds seen (one per model); a decode row's
-    flips judged under ``policy`` (the model's; None: ids exact)."""
-    rows, kinds = [], set()
+    """Every case's rounds, interleaved case by case (``interleaved_case_runs``), as rows, and
+    the kinds seen (one per model); a decode row's flips judged under ``policy`` (the model's;
+    None: ids exact). Every case and its ids gate are built before the first run: a case the
+    model cannot bench must not cost the others' runs."""
+    cases = list(cases)
+    kinds = {case.kind for case in cases}
+    if len(kinds) > 1:
+        raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
+    labels = [case.label for case in cases]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:  # the rounds are kept by label
+        raise BenchError(f"bench-cpp {model}: two cases share the label {', '.join(twice)} (a size given twice?)")
+    gates: dict[str, Any] = {}
     for case in cases:
-        kinds.add(case.kind)
-        if len(kinds) > 1:
-            raise BenchError(f"bench-cpp: model {model} mixes case kinds {', '.join(sorted(kinds))} (one table each)")
-        gate = None
-        if case.kind == "decode":   # before any run: an unknown stage must not cost a bench
+        if case.kind == "decode":
             try:
-                gate = ids_gate(policy, precision, vulkan, case.logits_stage)
+                gates[case.label] = ids_gate(policy, precision, vulkan, case.logits_stage)
             except ValueError as e:
                 raise BenchError(f"bench-cpp {model} {case.label}: logits_stage: {e}") from None
+    peaks: dict[str, dict[str, list[int]]] = {}
+    timed: dict[str, dict[str, Callable[[], Any]]] = {}
+    for case in cases:
         calls = case_calls(case, exe, json_out, torch, vulkan, precision, huge_pages)
-        peaks: dict[str, list[int]] = {name: [] for name in calls}
-        runs = interleaved_runs({name: with_peak_rss(name, call, peaks[name]) for name, call in calls.items()},
-                                rounds, lambda m, label=case.label: log(f"{model} {label}: {m}"))
-        row = case_row(case, {k: runs[k] for k in RUNTIMES if k in runs}, new_tokens)
+        peaks[case.label] = {name: [] for name in calls}
+        timed[case.label] = {name: with_peak_rss(name, call, peaks[case.label][name]) for name, call in calls.items()}
+    runs = interleaved_case_runs(timed, rounds, lambda label, m: log(f"{model} {label}: {m}"))
+    rows = []
+    for case in cases:
+        mine = runs[case.label]
+        row = case_row(case, {k: mine[k] for k in RUNTIMES if k in mine}, new_tokens)
         if case.kind == "decode":
-            add_flip_margins(row, runs, case.python_logits_at)
-            judge_flips(row, gate)
-        for name, values in peaks.items():
+            add_flip_margins(row, mine, case.python_logits_at)
+            judge_flips(row, gates[case.label])
+        for name, values in peaks[case.label].items():
             row[name]["peak_rss_mb"] = spread([mb(v) for v in values])
         rows.append(row)
     return rows, kinds
@@ -716,12 +764,15 @@ FLAT_AT_MOST = 1.1
 
 
 def flatness(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The C++ decode layers' median ms per token at the longest prompt over the shortest, with the
+    """The C++ decode layers' ms per token at the longest prompt over the shortest, with the
     verdict (item 2 is the per-layer cost: the embedding and the head read the same bytes at every
     context length, so the whole token's ratio is flatter than the layers'), and the whole token's
     ratio beside it; the token's alone (``measured`` "token") where an executable does not report
-    its layers' time. None with fewer than two decode rows of different prompt lengths (an image
-    bench has none)."""
+    its layers' time. The ratio is the median of per-round ratios with its order-statistic
+    interval (``perf_timing.ratio_estimate``): the sizes run interleaved round by round
+    (``interleaved_case_runs``), so each round's two sizes saw the same machine, and the verdict
+    is the median's, as for the runtimes' ratios. None with fewer than two decode rows of
+    different prompt lengths (an image bench has none)."""
     timed = [r for r in rows if "per_token_ms" in r.get("cpp", {}) and r.get("prompt_tokens")]
     if len({r["prompt_tokens"] for r in timed}) < 2:
         return None
@@ -729,17 +780,15 @@ def flatness(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     long = max(timed, key=lambda r: r["prompt_tokens"])
     key = "layers_ms_per_token" if all("layers_ms_per_token" in r["cpp"] for r in (short, long)) else "per_token_ms"
 
-    def ratios(field: str) -> tuple[float, list[float]]:
-        lo, hi = short["cpp"][field], long["cpp"][field]
-        # the two sizes run in separate blocks, so a load change between them moves the ratio: the
-        # rounds' extremes bound what the rows can say
-        return hi["median"] / lo["median"], [hi["min"] / lo["max"], hi["max"] / lo["min"]]
+    def estimate(field: str) -> Any:
+        return ratio_estimate(long["cpp"][field]["rounds"], short["cpp"][field]["rounds"])
 
-    ratio, extremes = ratios(key)
+    est = estimate(key)
     out = {"short": short["case"], "long": long["case"], "measured": "layers" if key != "per_token_ms" else "token",
-           "ratio": ratio, "rounds_range": extremes, "at_most": FLAT_AT_MOST, "met": ratio <= FLAT_AT_MOST}
+           "ratio": est.median, "ci": [est.low, est.high], "ci_coverage": est.coverage, "rounds": est.rounds,
+           "at_most": FLAT_AT_MOST, "met": est.median <= FLAT_AT_MOST}
     if key != "per_token_ms":
-        out["token_ratio"] = ratios("per_token_ms")[0]
+        out["token_ratio"] = estimate("per_token_ms").median
     return out
 
 
@@ -987,12 +1036,13 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
     lines += stream_lines(rows, b["read_gbps"])
     flat = report.get("flatness")
     if flat:
-        low, high = flat["rounds_range"]
+        low, high = flat["ci"]
         what = ("the C++ decode layers' graphs' ms/token" if flat.get("measured") == "layers" else "C++ ms/token")
         token = (f" The whole token (embedding and head included): {flat['token_ratio']:.2f}."
                  if "token_ratio" in flat else "")
         lines += ["", f"Flat in context: {what} at {flat['long']} / at {flat['short']} = {flat['ratio']:.2f} "
-                      f"(medians; the rounds' extremes give {low:.2f}-{high:.2f}; target <= {flat['at_most']:g}: "
+                      f"[{low:.2f}, {high:.2f}] (median of {flat['rounds']} per-round ratios, the sizes interleaved "
+                      f"round by round; {100 * flat['ci_coverage']:.0f} % interval; target <= {flat['at_most']:g}: "
                       f"{'met' if flat['met'] else 'not met'}).{token}"]
     return lines
 

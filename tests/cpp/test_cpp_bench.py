@@ -51,7 +51,7 @@ def test_decode_row_reports_per_token_ms_overhead_and_id_agreement():
             "python": [run("python", ids, 0.45)] * 3, "torch": [run("torch", [5, 6, 9, 9], 0.9)] * 3}
     row = cpp_bench.decode_row("P=100", runs, new_tokens=4)
     assert row["cpp"]["per_token_ms"] == {"median": pytest.approx(110.0), "min": pytest.approx(100.0),
-                                          "max": pytest.approx(120.0)}
+                                          "max": pytest.approx(120.0), "rounds": pytest.approx([100.0, 110.0, 120.0])}
     assert row["python_over_cpp"]["median"] == pytest.approx(150 / 110)  # the median of per-round ratios
     assert row["cpp"]["overhead"]["median"] == pytest.approx(0.009 / 0.30)  # rounds: 3.0 %, 3.03 %, 2.78 %
     assert row["overhead_met"] and row["ids_cpp_equal_python"] and row["forced_length"]
@@ -209,13 +209,14 @@ def test_flatness_is_the_token_at_the_longest_prompt_over_the_shortest():
 
     flat = cpp_bench.flatness([row("P=1000", 1000, 0.315), row("P=100", 100, 0.3)])
     assert (flat["short"], flat["long"], flat["met"]) == ("P=100", "P=1000", True)
-    assert flat["ratio"] == pytest.approx(1.05) and flat["rounds_range"] == pytest.approx([1.05, 1.05])
+    assert flat["ratio"] == pytest.approx(1.05) and flat["ci"] == pytest.approx([1.05, 1.05])
     steep = cpp_bench.flatness([row("P=100", 100, 0.3), row("P=1000", 1000, 0.36, spread=0.03)])
-    assert steep["ratio"] == pytest.approx(1.2) and not steep["met"]
-    assert steep["rounds_range"] == pytest.approx([1.1, 1.3])  # a load between the blocks shows here
+    # per-round ratios 1.1, 1.2, 1.3: their median, and with 3 rounds the whole range (75 % coverage)
+    assert steep["ratio"] == pytest.approx(1.2) and not steep["met"] and steep["rounds"] == 3
+    assert steep["ci"] == pytest.approx([1.1, 1.3]) and steep["ci_coverage"] == pytest.approx(0.75)
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row("P=100", 100, 0.3)], "threads": 1, "flatness": steep}))
-    assert ("Flat in context: C++ ms/token at P=1000 / at P=100 = 1.20 (medians; the rounds' extremes give "
-            "1.10-1.30; target <= 1.1: not met).") in lines
+    assert ("Flat in context: C++ ms/token at P=1000 / at P=100 = 1.20 [1.10, 1.30] (median of 3 per-round "
+            "ratios, the sizes interleaved round by round; 75 % interval; target <= 1.1: not met).") in lines
     assert cpp_bench.flatness([row("P=100", 100, 0.3)]) is None
 
 
@@ -500,8 +501,14 @@ FAKE_EXE = textwrap.dedent("""\
     args = dict(zip(argv[0::2], argv[1::2]))
     ids = [int(t) for t in args["--ids"].split(",")]
     huge = "--huge-pages" in sys.argv and "--ignore-huge" not in args
+    decode_s = 0.2
+    if "--drift-file" in args:  # a machine slowing by --drift per executable run, --scale the size's own cost
+        import os
+        done = os.path.getsize(args["--drift-file"]) if os.path.exists(args["--drift-file"]) else 0
+        open(args["--drift-file"], "a").write("x")
+        decode_s = 0.2 * float(args["--scale"]) * (1 + float(args["--drift"])) ** done
     out = {{"chunks": [{{"token_ids": ids, "prompt_tokens": int(args["--prompt"]), "stopped_by_eos": False}}],
-           "timing": {{"decode_s": 0.2, "decode_steps": len(ids) - 1, "decode_graph_s": 0.19,
+           "timing": {{"decode_s": decode_s, "decode_steps": len(ids) - 1, "decode_graph_s": 0.95 * decode_s,
                       "precision": args.get("--ran", args.get("--precision", "fp32")),
                       "huge_pages": {{"enabled": huge}}}}}}
     open(args["--json-out"], "w").write(json.dumps(out))
@@ -589,6 +596,67 @@ def test_the_driver_runs_any_port_through_its_hook(fake_models, tmp_path):
     assert row["cpp"]["per_token_ms"]["median"] == pytest.approx(200 / 3)
     assert row["python_over_cpp"]["median"] == pytest.approx(1.5) and row["torch_ids_equal_cpp"] == [True, True]
     assert port.seen == [(tmp_path / "pkg", 1, [3, 4], 4)]
+
+
+class DriftPort(FakeBenchPort):
+    """The fake port on a machine that slows by ``drift`` per executable run, the longer prompt
+    costing ``scale`` x the shorter's per token."""
+
+    name = "fake-bench"
+
+    def __init__(self, drift_file: Path, drift: float, scale: float) -> None:
+        super().__init__()
+        self.drift_file, self.drift, self.scale = drift_file, drift, scale
+
+    def cpp_bench_cases(self, ctx: Any, sizes: Sequence[int], new_tokens: int) -> Iterator[CppBenchCase]:
+        ids = [1, 2, 3]
+        for size in sizes:
+            scale = self.scale if size == max(sizes) else 1.0
+            yield CppBenchCase(f"P={size}", "decode",
+                               ["--ids", "1,2,3", "--prompt", str(size), "--drift-file", str(self.drift_file),
+                                "--drift", str(self.drift), "--scale", str(scale)],
+                               lambda size=size: DecodeRun("python", size, ids, 0.3, len(ids) - 1))
+
+
+def test_sizes_run_interleaved_so_a_slowing_machine_does_not_move_the_flatness(fake_models, tmp_path, monkeypatch):
+    """Item 2's ratio on a machine slowing 3 % per run, the longer prompt truly 1.05x: timed one size
+    after the other (the rule before), P=1000's rounds all ran after P=100's and read 1.05 x 1.03^3
+    = 1.15, not met. Interleaved, each round's two sizes are one run apart, the order alternating:
+    per-round ratios 1.05 x 1.03 and 1.05 / 1.03, median 1.08, met."""
+    port = DriftPort(tmp_path / "runs", 0.03, 1.05)
+    monkeypatch.setattr(sys.modules[KNOWN_MODELS["fake-bench"]], "PORT", port)
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=port, loaded=None)
+    seen: list[str] = []
+    report = cpp_bench.run_bench(prep, tmp_path / "pkg", [3, 30], new_tokens=3, rounds=3, torch=False, log=seen.append)
+    cpp_runs = [m.split(":")[0] for m in seen if m.endswith(": cpp")]
+    assert cpp_runs == ["fake-bench P=3", "fake-bench P=30", "fake-bench P=30", "fake-bench P=3",
+                        "fake-bench P=3", "fake-bench P=30"]  # the case order rotates round by round
+    flat = report["flatness"]
+    assert flat["measured"] == "token" and flat["rounds"] == 3
+    assert flat["ratio"] == pytest.approx(1.05 * 1.03) and flat["met"]
+    assert flat["ci"] == pytest.approx([1.05 / 1.03, 1.05 * 1.03])
+    blocks = (1.05 * 1.03 ** 4) / 1.03  # what the medians of two blocks of 3 runs would read
+    assert blocks > cpp_bench.FLAT_AT_MOST
+
+
+@pytest.mark.parametrize("sizes, why", [("100,100", "given once"), ("100,0", "positive"), ("100,x", "integers")])
+def test_bad_sizes_are_refused_in_one_line_before_the_model_loads(fake_models, capsys, sizes, why):
+    from ncnnport.cli import main
+
+    assert main(["bench-cpp", "fake-bench", "--sizes", sizes]) == 2  # fake-bench's load() would raise
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0] and f"--sizes {sizes}" in err[0] and why in err[0], err
+
+
+def test_cases_with_one_label_are_refused_before_any_run(fake_models, tmp_path):
+    port = fake_models["fake-bench"]
+    prep = types.SimpleNamespace(target=types.SimpleNamespace(model="fake-bench", preset="tiny", layers=None),
+                                 port=port, loaded=None)
+    seen: list[str] = []
+    with pytest.raises(cpp_bench.BenchError, match=r"fake-bench: two cases share the label P=3 \(a size given twice\?\)"):
+        cpp_bench.run_bench(prep, tmp_path / "pkg", [3, 3], new_tokens=3, rounds=1, log=seen.append)
+    assert not [m for m in seen if "round" in m]
 
 
 @pytest.mark.parametrize("precision", ["fp16-storage", "int8-weights"])
