@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -151,16 +152,46 @@ def _peer(prep: Any, stage: str, size: str, threads: int, workdir: Path | None) 
     return peer_call({s.name: s for s in getattr(prep, "specs", [])}, graphs, threads, workdir)
 
 
-def time_stage(torch_call: Call, ncnn_call: Call, peer_call: Call | None, runs: int,
-               warmup: int = WARMUP) -> dict[str, Any]:
-    """torch, ncnn and the peer interleaved call by call: medians and per-round ratios vs ncnn."""
-    calls = [torch_call, ncnn_call] + ([peer_call] if peer_call is not None else [])
+@dataclass
+class SizeCalls:
+    """One size of a stage, ready to time: torch's, ncnn's and the peer's call (None: no peer)."""
+
+    size: str
+    torch: Call
+    ncnn: Call
+    peer: Call | None = None
+
+
+def time_sizes(sizes: Sequence[SizeCalls], runs: int, warmup: int = WARMUP) -> list[dict[str, Any]]:
+    """Every size's torch, ncnn and peer calls interleaved call by call in ONE loop: medians,
+    per-round ratios vs ncnn, and, per other size of the stage, each runtime's per-round ratio of
+    its time here over its time there (``over_size``: the flatness in context, P=1000 over P=100,
+    a ratio of two sizes as honest as the runtimes' ratios only if the sizes share the rounds;
+    timed one size after the other, a load arriving between the blocks moves it)."""
+    calls: list[Call] = []
+    where: list[dict[str, int]] = []
+    for s in sizes:
+        index = {"torch": len(calls), "ncnn": len(calls) + 1}
+        calls += [s.torch, s.ncnn]
+        if s.peer is not None:
+            index["ort"] = len(calls)
+            calls.append(s.peer)
+        where.append(index)
     times = interleaved_ms(calls, runs, warmup)
-    out: dict[str, Any] = {"torch_ms": statistics.median(times[0]), "ncnn_ms": statistics.median(times[1]),
-                           "ratio_est": ratio_estimate(times[0], times[1]), "rounds": runs}
-    if peer_call is not None:
-        out["ort_ms"] = statistics.median(times[2])
-        out["ort_ratio_est"] = ratio_estimate(times[2], times[1])
+    out = []
+    for s, index in zip(sizes, where):
+        mine = {name: times[i] for name, i in index.items()}
+        row: dict[str, Any] = {"torch_ms": statistics.median(mine["torch"]), "ncnn_ms": statistics.median(mine["ncnn"]),
+                               "ratio_est": ratio_estimate(mine["torch"], mine["ncnn"]), "rounds": runs}
+        if "ort" in mine:
+            row["ort_ms"] = statistics.median(mine["ort"])
+            row["ort_ratio_est"] = ratio_estimate(mine["ort"], mine["ncnn"])
+        over = {other.size: {f"{name}_ms": ratio_estimate(series, times[there[name]]).to_json()
+                             for name, series in mine.items() if name in there}
+                for other, there in zip(sizes, where) if other is not s}
+        if over:
+            row["over_size"] = over
+        out.append(row)
     return out
 
 
@@ -235,6 +266,7 @@ def _table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str]
            runs: int, stage_sizes: dict[str, list[str]] | None, precision: str,
            reference_package: Path, peer_dir: Path | None) -> list[dict[str, Any]]:
     from ncnnport.drivers.bench import backend_options, check_fidelity
+    from ncnnport.memory import release_memory
     from ncnnport.runtime.lazy_modules import open_ncnn_modules
 
     known = stage_sizes or prep.port.bench_stages()
@@ -244,27 +276,49 @@ def _table(prep: Any, package: Path, stages: Sequence[str], sizes: Sequence[str]
     print("\n" + TABLE_HEADER)
     print("|" + "---|" * TABLE_HEADER.count(" | ") + "---|")
     for stage in stages:
+        # the stage's sizes share one ncnn session (a decode graph meets every context length in
+        # one run) and one interleaved loop (time_sizes: so P=1000 over P=100 is a per-round ratio)
+        modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
+        ncnn_calls: dict[str, Call] = {}
+        checked: dict[str, bool | None] = {}
         for size in (sizes or known[stage]):
+            # every size's fidelity first, before torch and the peers hold their memory: the fp32
+            # graphs it opens are transient, and at real widths they came on top of everything
+            # else (Youtu-VL layers, fp16: a 24 GB machine ran out with both sizes' calls alive)
+            ncnn_calls[size] = prep.port.bench_call(prep.loaded, modules, stage, size)
+            checked[size] = check_fidelity(prep, reference_package, stage, size, ncnn_calls[size](), precision,
+                                           threads)
+            release_memory()
+        ready: list[SizeCalls] = []
+        rows_of_stage: list[dict[str, Any]] = []
+        counted: list[tuple[Any, Any]] = []  # each size's bytes under the precision and in fp32
+        for size, ncall in ncnn_calls.items():
             tcall = prep.port.torch_bench_call(prep.loaded, stage, size)
             if tcall is None:
                 continue
-            modules = open_ncnn_modules(package, options=backend_options("cpu", threads, precision))
-            ncall = prep.port.bench_call(prep.loaded, modules, stage, size)
-            within = check_fidelity(prep, reference_package, stage, size, ncall(), precision, threads)
             pcall, note = _peer(prep, stage, size, threads, peer_dir)
             nbytes = prep.port.bench_bytes(prep.loaded, stage, size, precision)
             fp32 = nbytes if precision == "fp32" else prep.port.bench_bytes(prep.loaded, stage, size, "fp32")
             bw, fp32_bw = stage_bandwidths(nbytes, fp32)
-            timed = time_stage(tcall, ncall, pcall, runs)
-            del tcall, ncall, pcall, modules
+            ready.append(SizeCalls(size, tcall, ncall, pcall))
+            within = checked[size]
             row = {"stage": stage, "size": size, "threads": threads, "precision": precision, "bandwidth": bw,
-                   "huge_pages_malloc": huge_pages_malloc(), **timed, "ratio": timed["ratio_est"].median,
+                   "huge_pages_malloc": huge_pages_malloc(),
                    **({} if within is None else {"within_budget": within}), **({"ort_note": note} if note else {})}
-            if "ort_ratio_est" in timed:
-                row["ort_ratio"] = timed["ort_ratio_est"].median
             if fp32_bw is not bw:
                 row["fp32_bandwidth"] = fp32_bw
-            row.update(bound_row(timed["ncnn_ms"], nbytes, bw["read_gbps"],
+            rows_of_stage.append(row)
+            counted.append((nbytes, fp32))
+        timed_sizes = time_sizes(ready, runs) if ready else []
+        del ready, ncnn_calls, modules
+        release_memory()
+        for row, timed, (nbytes, fp32) in zip(rows_of_stage, timed_sizes, counted):
+            row.update(timed)
+            row["ratio"] = timed["ratio_est"].median
+            if "ort_ratio_est" in timed:
+                row["ort_ratio"] = timed["ort_ratio_est"].median
+            fp32_bw = row.get("fp32_bandwidth", row["bandwidth"])
+            row.update(bound_row(timed["ncnn_ms"], nbytes, row["bandwidth"]["read_gbps"],
                                  {"torch": timed["torch_ms"], "ort": timed.get("ort_ms")}, fp32, fp32_bw["read_gbps"]))
             rows.append(row)
             print(format_row(model, row), flush=True)

@@ -120,6 +120,42 @@ def test_threads_list_reports_scaling_efficiency_and_targets_with_measured_value
     assert "thread scaling" in out and "t2 0.71" in out
 
 
+class SizedPort(Port):
+    """ncnn's P=1000 call costs ``longer`` x its P=100 call; torch 2 ms at both."""
+
+    longer = 1.05
+
+    def bench_call(self, loaded, modules, stage, size):
+        ms = 1.0 * (self.longer if size == "1000" else 1.0)
+        return lambda: (self.clock.work(ms), [X])[1]
+
+
+def test_a_load_arriving_between_the_sizes_does_not_move_the_flatness(clock, capsys) -> None:
+    """Item 2's P=1000 / P=100 on a machine loaded 3x from the middle of the stage's calls on. One
+    size after the other, P=1000's calls would all be loaded (3 x 1.05 = 3.15, not met), and even
+    in one loop the ratio of the two medians reads the load (1.58); the per-round ratio is 1.05 in
+    every round but the one the load arrives in, so the target reads 1.05 (met), with its interval."""
+    runs = 20
+    calls_per_round = 4  # torch and ncnn at each of two sizes
+    clock.switch_at = torch_ratio.WARMUP * calls_per_round + calls_per_round * runs // 2
+    target = PerfTarget("decode flat: P=1000 / P=100", "decode", "1000", "ncnn_ms", at_most=1.1, over_size="100")
+    report = torch_ratio.perf_report(_prep(SizedPort(clock, [target])), Path("p"), ["decode"], None, [1], runs,
+                                     peer=False)
+    long = next(r for r in report["rows"] if r["size"] == "1000")
+    est = long["over_size"]["100"]["ncnn_ms"]
+    assert est["median"] == pytest.approx(1.05) and est["rounds"] == runs
+    assert long["over_size"]["100"]["torch_ms"]["median"] == pytest.approx(1.0)
+    (v,) = report["targets"]
+    assert v["value"] == pytest.approx(1.05) and v["met"] is True
+    assert v["note"].startswith(f"median of {runs} per-round ratios [")
+    assert "| decode flat: P=1000 / P=100 | 1 | 1.05 (median of 20 per-round ratios [1.05, 1.05]) | <= 1.1 | met |" \
+        in capsys.readouterr().out
+    # the ratio of the two medians, the rule before, reads the load: the load's round leaves P=1000
+    # one loaded call more than P=100, and each median falls between a quiet and a loaded call
+    short = next(r for r in report["rows"] if r["size"] == "100")
+    assert long["ncnn_ms"] / short["ncnn_ms"] > 1.1
+
+
 class BytesPort(Port):
     """Reads ``mb`` MB a call, so torch's 2 ms sits at ``mb / 16`` of the 8 GB/s bound."""
 
