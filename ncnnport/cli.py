@@ -251,6 +251,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
+    if sizes is not None and (len(set(sizes)) != len(sizes) or "" in sizes):
+        raise ValueError(f"bench --sizes {args.sizes}: give each size once (a stage's sizes share one timed loop)")
     setting = precision.get(args.precision)
     out = {}
     for t in _targets(args):

@@ -18,8 +18,8 @@ HEADER = "| target | threads | measured | needed | verdict |"
 @dataclass(frozen=True)
 class PerfTarget:
     """One target. ``metric`` is a row field (``ncnn_pct_of_bound``, ``ratio`` = torch/ncnn,
-    ``ncnn_ms`` ...); with ``over_size`` the value is this row's metric over the same metric at
-    ``over_size`` (flatness). ``weight_bytes`` limits the target to runs whose precision reads
+    ``ncnn_ms`` ...); with ``over_size`` the value is the median of per-round ratios of this
+    row's metric over the same metric at ``over_size`` (flatness; the row's ``over_size`` entry). ``weight_bytes`` limits the target to runs whose precision reads
     InnerProduct weights at that width (the fp32 vs fp16-weight targets). Where torch runs at
     ``saturation_pct`` or more of the bound, ``saturated_at_least`` replaces ``at_least``: a
     runtime cannot be far ahead of one that already saturates memory."""
@@ -69,15 +69,15 @@ def judge_one(target: PerfTarget, rows: Sequence[dict[str, Any]], threads: int) 
         base = _find(rows, target.stage, target.over_size, threads)
         if base is None or not base.get(target.metric):
             return {**out, "note": f"not measured: no {target.stage}@{target.over_size} in this run"}
+        # the sizes share their rounds (torch_ratio.time_sizes): the median of per-round ratios,
+        # which a load arriving between the sizes does not move; never the ratio of two medians
         per_round = row.get("over_size", {}).get(target.over_size, {}).get(target.metric)
-        if per_round is not None:
-            # the sizes shared their rounds (torch_ratio.time_sizes): the median of per-round
-            # ratios, which a load arriving between the sizes does not move
-            value = float(per_round["median"])
-            out["note"] = (f"median of {per_round['rounds']} per-round ratios "
-                           f"[{per_round['ci_low']:.2f}, {per_round['ci_high']:.2f}]")
-        else:
-            value /= float(base[target.metric])
+        if per_round is None:
+            return {**out, "note": f"not measured: no per-round {target.metric} ratio of {target.stage}@{target.size} "
+                                   f"over @{target.over_size} (the sizes were not timed in one loop)"}
+        value = float(per_round["median"])
+        out["note"] = (f"median of {per_round['rounds']} per-round ratios "
+                       f"[{per_round['ci_low']:.2f}, {per_round['ci_high']:.2f}]")
     op, limit = target.needed(row)
     met = value >= limit if op == ">=" else value <= limit
     return {**out, "value": value, "needed": f"{op} {limit:g}", "met": met}

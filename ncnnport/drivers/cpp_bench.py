@@ -8,7 +8,7 @@ process), the Python package loop and the torch reference, both orders rotating 
 (``runtime.perf_timing``'s rule), so a load change on the shared machine hits all three alike, and
 hits every size alike: the flatness in context (the longest prompt's per-token time over the
 shortest's) is the median of per-round ratios, as the runtimes' ratios are. Timed one size after
-the other, a machine that slowed between the blocks read P=1000 faster than P=100 (0.80).
+the other, a machine whose speed changed between the blocks read P=1000 faster than P=100 (0.80).
 
 ``decode`` cases (LLMs): per-token decode = the time from the first generated token to the last
 over the steps between them (prefill, loading and the encoder are not in it); the executable

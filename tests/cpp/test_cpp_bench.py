@@ -636,8 +636,14 @@ def test_sizes_run_interleaved_so_a_slowing_machine_does_not_move_the_flatness(f
     assert flat["measured"] == "token" and flat["rounds"] == 3
     assert flat["ratio"] == pytest.approx(1.05 * 1.03) and flat["met"]
     assert flat["ci"] == pytest.approx([1.05 / 1.03, 1.05 * 1.03])
-    blocks = (1.05 * 1.03 ** 4) / 1.03  # what the medians of two blocks of 3 runs would read
-    assert blocks > cpp_bench.FLAT_AT_MOST
+    # the same runs, but P=30's three after P=3's three (the rule before): every per-round ratio
+    # then spans three runs of drift, and the same judge reads 1.05 x 1.03^3 = 1.15, not met
+    short, long = ([cpp_bench.DecodeRun("cpp", p, [1, 2, 3], 0.2 * s * 1.03 ** k, 2, 0.19 * s * 1.03 ** k)
+                    for k in ks] for p, s, ks in ((3, 1.0, (0, 1, 2)), (30, 1.05, (3, 4, 5))))
+    py = [cpp_bench.DecodeRun("python", 0, [1, 2, 3], 0.3, 2)] * 3
+    blocks = cpp_bench.flatness([cpp_bench.decode_row("P=3", {"cpp": short, "python": py}, 3),
+                                 cpp_bench.decode_row("P=30", {"cpp": long, "python": py}, 3)])
+    assert blocks["ratio"] == pytest.approx(1.05 * 1.03 ** 3) and not blocks["met"]
 
 
 @pytest.mark.parametrize("sizes, why", [("100,100", "given once"), ("100,0", "positive"), ("100,x", "integers")])

@@ -184,6 +184,29 @@ def test_the_peer_column_says_why_it_is_empty(clock, capsys) -> None:
     assert row["ort_note"] in capsys.readouterr().out
 
 
+def test_a_flatness_target_without_per_round_ratios_is_not_measured() -> None:
+    """Rows whose sizes were not timed in one loop carry no ``over_size``: the target says so
+    instead of dividing two medians (the rule that a load between the sizes moved)."""
+    from ncnnport.runtime.perf_targets import judge_one
+
+    target = PerfTarget("decode flat", "decode", "1000", "ncnn_ms", at_most=1.1, over_size="100")
+    rows = [{"stage": "decode", "size": "100", "threads": 1, "ncnn_ms": 1.0},
+            {"stage": "decode", "size": "1000", "threads": 1, "ncnn_ms": 1.05}]
+    v = judge_one(target, rows, 1)
+    assert v["met"] is None and v["value"] is None and "no per-round ncnn_ms ratio" in v["note"]
+    rows[1]["over_size"] = {"100": {"ncnn_ms": {"median": 1.2, "ci_low": 1.1, "ci_high": 1.3, "rounds": 5}}}
+    v = judge_one(target, rows, 1)
+    assert v["value"] == pytest.approx(1.2) and v["met"] is False  # the per-round median, not 1.05
+
+
+def test_bench_refuses_a_size_given_twice_in_one_line(capsys) -> None:
+    from ncnnport.cli import main
+
+    assert main(["bench", "qwen3-asr", "--perf", "--sizes", "100,100"]) == 2  # before any model loads
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "--sizes 100,100: give each size once" in err[0], err
+
+
 def test_threads_list_option_parses_or_says_one_line() -> None:
     from argparse import Namespace
 
