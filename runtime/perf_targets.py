@@ -55,6 +55,18 @@ def _find(rows: Sequence[dict[str, Any]], stage: str, size: str, threads: int) -
     return next((r for r in rows if r["stage"] == stage and r["size"] == size and r["threads"] == threads), None)
 
 
+def order_note(first: int | None, rounds: int, what: str) -> str:
+    """How often the size over the other ran first in their rounds, and, where that is not half,
+    what it means: a drift through the run (warming up, a load building) slows the later call of
+    each pair, and a median over unbalanced orders keeps up to one round's drift."""
+    if first is None:
+        return ""
+    note = f"; {what} ran first in {first} of {rounds} rounds"
+    if 2 * first != rounds:
+        note += " (unbalanced: a drift through the run can move the median by one round's drift)"
+    return note
+
+
 def judge_one(target: PerfTarget, rows: Sequence[dict[str, Any]], threads: int) -> dict[str, Any]:
     """The verdict of ``target`` on the rows of one thread count."""
     out: dict[str, Any] = {"target": target.label, "threads": threads, "value": None, "needed": None,
@@ -77,7 +89,8 @@ def judge_one(target: PerfTarget, rows: Sequence[dict[str, Any]], threads: int) 
                                    f"over @{target.over_size} (the sizes were not timed in one loop)"}
         value = float(per_round["median"])
         out["note"] = (f"median of {per_round['rounds']} per-round ratios "
-                       f"[{per_round['ci_low']:.2f}, {per_round['ci_high']:.2f}]")
+                       f"[{per_round['ci_low']:.2f}, {per_round['ci_high']:.2f}]"
+                       + order_note(per_round.get("first"), per_round["rounds"], f"@{target.size}"))
     op, limit = target.needed(row)
     met = value >= limit if op == ">=" else value <= limit
     return {**out, "value": value, "needed": f"{op} {limit:g}", "met": met}

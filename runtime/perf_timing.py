@@ -50,6 +50,17 @@ def interleaved_ms(calls: Sequence[Call], runs: int, warmup: int = 0) -> list[li
     return times
 
 
+def rounds_first(n: int, runs: int, first: int, second: int) -> int:
+    """In how many of ``runs`` rounds of ``interleaved_ms``'s rotation over ``n`` callables (or of
+    bench-cpp's over ``n`` cases) callable ``first`` ran before callable ``second``. Why the
+    reports print it: under a drift through the run (a machine warming up, a load building) the
+    later call of a pair reads slower, and the median of per-round ratios cancels that only where
+    each ran first in as many rounds as the other; 3 rounds over 2 sizes cannot be balanced."""
+    if not (0 <= first < n and 0 <= second < n) or first == second:
+        raise ValueError(f"callables {first} and {second} of {n}: two different ones needed")
+    return sum(1 for r in range(runs) if (first - r) % n < (second - r) % n)
+
+
 def median_ms(call: Call, runs: int, warmup: int = 3) -> float:
     """Median of ``runs`` timed calls after ``warmup`` untimed ones."""
     return statistics.median(interleaved_ms([call], runs, warmup)[0])

@@ -75,7 +75,7 @@ from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, p
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
 from ncnnport.drivers.torch_ratio import bound_row, probe_bytes, read_bandwidth
-from ncnnport.runtime.perf_timing import ratio_estimate
+from ncnnport.runtime.perf_timing import ratio_estimate, rounds_first
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
 
@@ -614,9 +614,10 @@ def bench_cases(cases: Iterable[CppBenchCase], exe: Path, json_out: Path, rounds
         timed[case.label] = {name: with_peak_rss(name, call, peaks[case.label][name]) for name, call in calls.items()}
     runs = interleaved_case_runs(timed, rounds, lambda label, m: log(f"{model} {label}: {m}"))
     rows = []
-    for case in cases:
+    for position, case in enumerate(cases):
         mine = runs[case.label]
         row = case_row(case, {k: mine[k] for k in RUNTIMES if k in mine}, new_tokens)
+        row["rotation"] = {"position": position, "cases": len(cases)}  # interleaved_case_runs' order
         if case.kind == "decode":
             add_flip_margins(row, mine, case.python_logits_at)
             judge_flips(row, gates[case.label])
@@ -787,6 +788,9 @@ def flatness(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     out = {"short": short["case"], "long": long["case"], "measured": "layers" if key != "per_token_ms" else "token",
            "ratio": est.median, "ci": [est.low, est.high], "ci_coverage": est.coverage, "rounds": est.rounds,
            "at_most": FLAT_AT_MOST, "met": est.median <= FLAT_AT_MOST}
+    if "rotation" in long and "rotation" in short:  # rows of one bench_cases run
+        out["long_first"] = rounds_first(long["rotation"]["cases"], est.rounds, long["rotation"]["position"],
+                                         short["rotation"]["position"])
     if key != "per_token_ms":
         out["token_ratio"] = estimate("per_token_ms").median
     return out
@@ -1043,8 +1047,21 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
         lines += ["", f"Flat in context: {what} at {flat['long']} / at {flat['short']} = {flat['ratio']:.2f} "
                       f"[{low:.2f}, {high:.2f}] (median of {flat['rounds']} per-round ratios, the sizes interleaved "
                       f"round by round; {100 * flat['ci_coverage']:.0f} % interval; target <= {flat['at_most']:g}: "
-                      f"{'met' if flat['met'] else 'not met'}).{token}"]
+                      f"{'met' if flat['met'] else 'not met'}).{token}"
+                      + order_sentence(flat)]
     return lines
+
+
+def order_sentence(flat: Mapping[str, Any]) -> str:
+    """How often the longer prompt ran first in the rounds, and why an unequal count matters."""
+    if "long_first" not in flat:
+        return ""
+    first, rounds = flat["long_first"], flat["rounds"]
+    text = f" {flat['long']} ran first in {first} of {rounds} rounds"
+    if 2 * first == rounds:
+        return text + "."
+    return (text + ": unbalanced, so a machine speeding up or slowing down through the run moves this median "
+            "by up to one round's drift (with two sizes, an even --rounds balances them).")
 
 
 def mib_text(nbytes: int) -> str:

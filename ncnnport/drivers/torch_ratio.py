@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ncnnport.runtime.perf_timing import RatioEstimate, interleaved_ms, ratio_estimate
+from ncnnport.runtime.perf_timing import RatioEstimate, interleaved_ms, ratio_estimate, rounds_first
 
 Call = Callable[[], Any]
 WARMUP = 3
@@ -167,7 +167,8 @@ def time_sizes(sizes: Sequence[SizeCalls], runs: int, warmup: int = WARMUP) -> l
     per-round ratios vs ncnn, and, per other size of the stage, each runtime's per-round ratio of
     its time here over its time there (``over_size``: the flatness in context, P=1000 over P=100,
     a ratio of two sizes as honest as the runtimes' ratios only if the sizes share the rounds;
-    timed one size after the other, a load arriving between the blocks moves it)."""
+    timed one size after the other, a load arriving between the blocks moves it). Each such ratio
+    keeps ``first``: the rounds in which this size's call ran before the other's."""
     calls: list[Call] = []
     where: list[dict[str, int]] = []
     for s in sizes:
@@ -186,7 +187,8 @@ def time_sizes(sizes: Sequence[SizeCalls], runs: int, warmup: int = WARMUP) -> l
         if "ort" in mine:
             row["ort_ms"] = statistics.median(mine["ort"])
             row["ort_ratio_est"] = ratio_estimate(mine["ort"], mine["ncnn"])
-        over = {other.size: {f"{name}_ms": ratio_estimate(series, times[there[name]]).to_json()
+        over = {other.size: {f"{name}_ms": {**ratio_estimate(series, times[there[name]]).to_json(),
+                                            "first": rounds_first(len(calls), runs, index[name], there[name])}
                              for name, series in mine.items() if name in there}
                 for other, there in zip(sizes, where) if other is not s}
         if over:

@@ -636,6 +636,12 @@ def test_sizes_run_interleaved_so_a_slowing_machine_does_not_move_the_flatness(f
     assert flat["measured"] == "token" and flat["rounds"] == 3
     assert flat["ratio"] == pytest.approx(1.05 * 1.03) and flat["met"]
     assert flat["ci"] == pytest.approx([1.05 / 1.03, 1.05 * 1.03])
+    # 3 rounds over 2 sizes: P=30 went first in 1, P=3 in 2, and the median (1.05 x 1.03) is the
+    # order that ran twice; the report says so, where 4 rounds would read 2 of 4
+    assert flat["long_first"] == 1 and [r["rotation"]["position"] for r in report["rows"]] == [0, 1]
+    said = cpp_bench.order_sentence(flat)
+    assert "P=30 ran first in 1 of 3 rounds: unbalanced" in said and "even --rounds" in said
+    assert cpp_bench.order_sentence({**flat, "rounds": 4, "long_first": 2}) == " P=30 ran first in 2 of 4 rounds."
     # the same runs, but P=30's three after P=3's three (the rule before): every per-round ratio
     # then spans three runs of drift, and the same judge reads 1.05 x 1.03^3 = 1.15, not met
     short, long = ([cpp_bench.DecodeRun("cpp", p, [1, 2, 3], 0.2 * s * 1.03 ** k, 2, 0.19 * s * 1.03 ** k)

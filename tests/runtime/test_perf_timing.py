@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ncnnport.runtime.perf_timing import interleaved_ms, median_ms, median_rank_interval, ratio_estimate
+from ncnnport.runtime.perf_timing import interleaved_ms, median_ms, median_rank_interval, ratio_estimate, rounds_first
 
 
 def busy(n: int) -> int:
@@ -31,6 +31,24 @@ def test_rounds_rotate_the_order_so_no_runtime_always_goes_first() -> None:
     times = interleaved_ms(calls, runs=3, warmup=1)
     assert seen == list("abc" "abc" "bca" "cab")
     assert [len(t) for t in times] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("n, runs", [(2, 3), (2, 4), (3, 5), (4, 20), (6, 20), (6, 6)])
+def test_rounds_first_counts_what_the_loop_ran(n: int, runs: int) -> None:
+    """The count the reports print is read off the loop itself: for every pair of callables, the
+    rounds in which the first ran before the second."""
+    order: list[list[int]] = [[] for _ in range(runs)]
+    round_of = iter(r for r in range(runs) for _ in range(n))
+    calls = [lambda i=i: order[next(round_of)].append(i) for i in range(n)]
+    interleaved_ms(calls, runs)
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                ran = sum(1 for seq in order if seq.index(a) < seq.index(b))
+                assert rounds_first(n, runs, a, b) == ran
+    assert rounds_first(2, 3, 1, 0) == 1 and rounds_first(2, 4, 1, 0) == 2  # odd rounds cannot balance two
+    with pytest.raises(ValueError, match="two different"):
+        rounds_first(2, 4, 1, 1)
 
 
 def test_median_rank_interval_matches_the_binomial_tables() -> None:
