@@ -546,7 +546,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, metavar="P[,P]",
                    help="prompt lengths (LLMs, default 100,1000) or the square image side (seedvr2, default 256)")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per run (default 16)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (C++, Python, torch each once)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="interleaved rounds (C++, Python, torch each once; default 4: even, so each of two "
+                        "sizes runs first in half of them)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-torch", action="store_true", help="leave the torch eager column out")
     p.add_argument("--vulkan", action="store_true",
