@@ -16,6 +16,18 @@ from ncnnport.paths import DEFAULT_BUILD_ROOT
 from ncnnport.registry import available_models, get_port, model_names
 from ncnnport.targets import Target
 
+# `bench`'s rounds: the stability table's 20 calls, and for the speed table (`--perf`) 24, where a
+# stage's two sizes share one rotation of 4 calls (torch, ncnn at each) or 6 (with the ONNX Runtime
+# peer): 24 is a multiple of both, so each size runs first in half the rounds (20 gave 9 and 11
+# with the peer, and the median of per-round ratios keeps a drift of the order that ran more).
+STABILITY_RUNS = 20
+PERF_RUNS = 24
+
+
+def default_runs(perf: bool) -> int:
+    """`bench --runs` when not given: the speed table's or the stability table's."""
+    return PERF_RUNS if perf else STABILITY_RUNS
+
 
 def _common(p: argparse.ArgumentParser, *, many_models: bool = True) -> None:
     if many_models:
@@ -249,6 +261,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from ncnnport.runtime import precision
 
+    if args.runs is None:
+        args.runs = default_runs(args.perf)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     sizes = [s.strip() for s in args.sizes.split(",")] if args.sizes else None
     if sizes is not None and (len(set(sizes)) != len(sizes) or "" in sizes):
@@ -528,7 +542,10 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default=None, help="comma list of sizes (stage-specific, e.g. 16,512)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--runs", type=int, default=None,
+                   help=f"timed rounds (default {STABILITY_RUNS}; with --perf {PERF_RUNS}: a multiple of 4 and 6, so "
+                        "each of a stage's two sizes runs first in half the rounds, with the ONNX Runtime peer "
+                        "in the loop or not)")
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")

@@ -203,6 +203,23 @@ def test_a_flatness_target_without_per_round_ratios_is_not_measured() -> None:
         "; @1000 ran first in 2 of 5 rounds (unbalanced: a drift through the run can move the median by one round's drift)")
 
 
+def test_the_speed_tables_default_rounds_balance_each_sizes_order() -> None:
+    """A stage's two sizes rotate as 4 calls (torch, ncnn at each) or 6 (with the ONNX Runtime
+    peer): with bench --perf's default rounds every runtime's call at one size runs first in half
+    the rounds against its call at the other (20 gave 9 of 20 with the peer)."""
+    from ncnnport.cli import build_parser, default_runs
+    from ncnnport.runtime.perf_timing import rounds_first
+
+    runs = default_runs(perf=True)
+    for per_size in (2, 3):
+        n = 2 * per_size
+        for k in range(per_size):
+            assert 2 * rounds_first(n, runs, per_size + k, k) == runs, (n, k, runs)
+    assert rounds_first(6, 20, 4, 1) == 9  # the old default, with the peer
+    assert build_parser().parse_args(["bench", "qwen3-asr"]).runs is None  # resolved by perf or not
+    assert default_runs(perf=False) == 20  # the stability table keeps its calls
+
+
 def test_bench_refuses_a_size_given_twice_in_one_line(capsys) -> None:
     from ncnnport.cli import main
 
