@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ncnnport.runtime.perf_timing import order_text
+
 HEADER = "| target | threads | measured | needed | verdict |"
 
 
@@ -56,15 +58,8 @@ def _find(rows: Sequence[dict[str, Any]], stage: str, size: str, threads: int) -
 
 
 def order_note(first: int | None, rounds: int, what: str) -> str:
-    """How often the size over the other ran first in their rounds, and, where that is not half,
-    what it means: a drift through the run (warming up, a load building) slows the later call of
-    each pair, and a median over unbalanced orders keeps up to one round's drift."""
-    if first is None:
-        return ""
-    note = f"; {what} ran first in {first} of {rounds} rounds"
-    if 2 * first != rounds:
-        note += " (unbalanced: a drift through the run can move the median by one round's drift)"
-    return note
+    """The verdict note's words on how often ``what`` ran first (``perf_timing.order_text``)."""
+    return "" if first is None else "; " + order_text(what, first, rounds)
 
 
 def judge_one(target: PerfTarget, rows: Sequence[dict[str, Any]], threads: int) -> dict[str, Any]:

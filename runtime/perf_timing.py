@@ -61,6 +61,17 @@ def rounds_first(n: int, runs: int, first: int, second: int) -> int:
     return sum(1 for r in range(runs) if (first - r) % n < (second - r) % n)
 
 
+def order_text(what: str, first: int, rounds: int, remedy: str = "") -> str:
+    """The reports' words for ``rounds_first``: how often ``what`` ran first, and, where that is
+    not half the rounds, that a drift through the run can then move the median of per-round
+    ratios by up to one round's drift (``remedy``: how this report's user balances them)."""
+    text = f"{what} ran first in {first} of {rounds} rounds"
+    if 2 * first == rounds:
+        return text
+    return text + (" (unbalanced: a machine speeding up or slowing down through the run can move the median "
+                   "by up to one round's drift" + (f"; {remedy}" if remedy else "") + ")")
+
+
 def median_ms(call: Call, runs: int, warmup: int = 3) -> float:
     """Median of ``runs`` timed calls after ``warmup`` untimed ones."""
     return statistics.median(interleaved_ms([call], runs, warmup)[0])

@@ -75,7 +75,7 @@ from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, p
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
 from ncnnport.drivers.torch_ratio import bound_row, probe_bytes, read_bandwidth
-from ncnnport.runtime.perf_timing import ratio_estimate, rounds_first
+from ncnnport.runtime.perf_timing import order_text, ratio_estimate, rounds_first
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
 
@@ -1053,15 +1053,11 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def order_sentence(flat: Mapping[str, Any]) -> str:
-    """How often the longer prompt ran first in the rounds, and why an unequal count matters."""
+    """How often the longer prompt ran first in the rounds (``perf_timing.order_text``)."""
     if "long_first" not in flat:
         return ""
-    first, rounds = flat["long_first"], flat["rounds"]
-    text = f" {flat['long']} ran first in {first} of {rounds} rounds"
-    if 2 * first == rounds:
-        return text + "."
-    return (text + ": unbalanced, so a machine speeding up or slowing down through the run moves this median "
-            "by up to one round's drift (with two sizes, an even --rounds balances them).")
+    return " " + order_text(flat["long"], flat["long_first"], flat["rounds"],
+                            "with two sizes, an even --rounds balances them") + "."
 
 
 def mib_text(nbytes: int) -> str:

@@ -200,7 +200,8 @@ def test_a_flatness_target_without_per_round_ratios_is_not_measured() -> None:
     assert v["value"] == pytest.approx(1.2) and v["met"] is False  # the per-round median, not 1.05
     rows[1]["over_size"]["100"]["ncnn_ms"]["first"] = 2  # 5 rounds: 2 and 3 cannot balance
     assert judge_one(target, rows, 1)["note"].endswith(
-        "; @1000 ran first in 2 of 5 rounds (unbalanced: a drift through the run can move the median by one round's drift)")
+        "; @1000 ran first in 2 of 5 rounds (unbalanced: a machine speeding up or slowing down through the run "
+        "can move the median by up to one round's drift)")
 
 
 def test_the_speed_tables_default_rounds_balance_each_sizes_order() -> None:
