@@ -17,9 +17,11 @@ from ncnnport.registry import available_models, get_port, model_names
 from ncnnport.targets import Target
 
 # `bench`'s rounds: the stability table's 20 calls, and for the speed table (`--perf`) 24, where a
-# stage's two sizes share one rotation of 4 calls (torch, ncnn at each) or 6 (with the ONNX Runtime
-# peer): 24 is a multiple of both, so each size runs first in half the rounds (20 gave 9 and 11
-# with the peer, and the median of per-round ratios keeps a drift of the order that ran more).
+# stage's two sizes share one loop of 4 calls (torch, ncnn at each) or 6 (with the ONNX Runtime
+# peer) in perf_timing.round_order: any even count runs every pair of calls in each order in half
+# the rounds, and 24, a multiple of 2 x 4 and 2 x 6, also puts every call in every position
+# equally often (the plain rotation before needed 24 for the sizes alone: 20 gave 9 and 11 with
+# the peer, and torch ran before ncnn in 20 of 24 rounds).
 STABILITY_RUNS = 20
 PERF_RUNS = 24
 
@@ -543,9 +545,9 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runs", type=int, default=None,
-                   help=f"timed rounds (default {STABILITY_RUNS}; with --perf {PERF_RUNS}: a multiple of 4 and 6, so "
-                        "each of a stage's two sizes runs first in half the rounds, with the ONNX Runtime peer "
-                        "in the loop or not)")
+                   help=f"timed rounds (default {STABILITY_RUNS}; with --perf {PERF_RUNS}: even, so every two "
+                        "calls of a round, runtimes and sizes, run in each order in half the rounds, and a "
+                        "multiple of 8 and 12, so every call takes every position equally often)")
     p.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                    help="also alternate all stages for ROUNDS rounds in one process")
     p.add_argument("--torch", action="store_true", help="also time PyTorch eager on the same work")
@@ -564,8 +566,8 @@ def build_parser(run_model: str | None = None) -> argparse.ArgumentParser:
                    help="prompt lengths (LLMs, default 100,1000) or the square image side (seedvr2, default 256)")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per run (default 16)")
     p.add_argument("--rounds", type=int, default=4,
-                   help="interleaved rounds (C++, Python, torch each once; default 4: even, so each of two "
-                        "sizes runs first in half of them)")
+                   help="interleaved rounds (C++, Python, torch each once; default 4: even, so every two "
+                        "sizes, and every two runtimes, run in each order in half of them)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-torch", action="store_true", help="leave the torch eager column out")
     p.add_argument("--vulkan", action="store_true",

@@ -6,7 +6,9 @@ Why interleaved: a shared machine's load changes from second to second. Timed in
 runtime and moves the ratio (a loaded run read 0.73x where a quiet one read 1.0x). Timed A, B,
 A, B, ... each round's two calls see nearly the same load, so the per-round ratio cancels it and
 the median over rounds is robust to the rounds where it did not. The order inside a round
-rotates so no runtime always runs right after the other (cache and frequency after-effects).
+changes so no runtime always runs right after the other (cache and frequency after-effects), and
+so every pair runs in each order in half the rounds (``round_order``): the median of per-round
+ratios then cancels a drift through the round instead of keeping part of it.
 
 The interval is the order-statistic interval for a median (Hahn & Meeker): with n independent
 per-round ratios, the number below the true median is Binomial(n, 1/2), so ranks ``k`` and
@@ -31,11 +33,26 @@ def timed_ms(call: Call) -> tuple[float, Any]:
     return (time.perf_counter() - t) * 1e3, result
 
 
+def round_order(n: int, r: int) -> list[int]:
+    """The order of ``n`` callables in round ``r``: rounds come in pairs, a rotation starting at
+    callable ``(r // 2) % n`` and then the same rotation reversed. Why not a plain rotation (round
+    ``r`` starting at ``r % n``, the rule before 2026-12-05): over ``n`` rotations callable ``i``
+    runs before ``i + d`` in ``n - d`` of them, so neighbours in the list (torch and ncnn at one
+    size, ncnn and ONNX Runtime) kept one order in all but one round of ``n``, and a drift through
+    the round stayed in their ratio. A reversal flips every pair, so after each pair of rounds
+    every two callables have run in both orders once, for any ``n``; over ``2 n`` rounds every
+    callable also takes every position twice."""
+    if n < 1 or r < 0:
+        raise ValueError(f"round {r} of {n} callables")
+    start = (r // 2) % n
+    order = [(start + j) % n for j in range(n)]
+    return order[::-1] if r % 2 else order
+
+
 def interleaved_ms(calls: Sequence[Call], runs: int, warmup: int = 0) -> list[list[float]]:
-    """``runs`` rounds, each calling every callable once; ``times[i][r]`` is callable ``i`` in
-    round ``r`` (ms). Round ``r`` starts at callable ``r % len(calls)`` and goes round, so each
-    runtime is first in its share of rounds. ``warmup`` untimed rounds come first. A single
-    callable is the plain repeated-call loop."""
+    """``runs`` rounds, each calling every callable once in ``round_order``; ``times[i][r]`` is
+    callable ``i`` in round ``r`` (ms). ``warmup`` untimed rounds come first. A single callable
+    is the plain repeated-call loop."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     n = len(calls)
@@ -44,21 +61,21 @@ def interleaved_ms(calls: Sequence[Call], runs: int, warmup: int = 0) -> list[li
             call()
     times: list[list[float]] = [[0.0] * runs for _ in calls]
     for r in range(runs):
-        for j in range(n):
-            i = (r + j) % n
+        for i in round_order(n, r):
             times[i][r] = timed_ms(calls[i])[0]
     return times
 
 
 def rounds_first(n: int, runs: int, first: int, second: int) -> int:
-    """In how many of ``runs`` rounds of ``interleaved_ms``'s rotation over ``n`` callables (or of
-    bench-cpp's over ``n`` cases) callable ``first`` ran before callable ``second``. Why the
-    reports print it: under a drift through the run (a machine warming up, a load building) the
-    later call of a pair reads slower, and the median of per-round ratios cancels that only where
-    each ran first in as many rounds as the other; 3 rounds over 2 sizes cannot be balanced."""
+    """In how many of ``runs`` rounds of ``round_order`` over ``n`` callables (``interleaved_ms``'s
+    runtimes, or bench-cpp's cases) callable ``first`` ran before callable ``second``: half of
+    them for an even ``runs``. Why the reports print it: under a drift through the run (a machine
+    warming up, a load building) the later call of a pair reads slower, and the median of
+    per-round ratios cancels that only where each ran first in as many rounds as the other, which
+    an odd number of rounds cannot give."""
     if not (0 <= first < n and 0 <= second < n) or first == second:
         raise ValueError(f"callables {first} and {second} of {n}: two different ones needed")
-    return sum(1 for r in range(runs) if (first - r) % n < (second - r) % n)
+    return sum(1 for r in range(runs) if (order := round_order(n, r)).index(first) < order.index(second))
 
 
 def order_text(what: str, first: int, rounds: int, remedy: str = "") -> str:

@@ -3,7 +3,7 @@
 Why a tool of its own: the twins (``runner.image_graph``) are what an image runs, so ``bench``
 times them; this puts the general graphs beside them on the same inputs, in the same rounds, to
 show what the twins change and that they compute the same thing (max_abs and cosine of each
-against torch). Rounds rotate the order so no runtime always runs after the same one.
+against torch). Rounds change the order so no runtime always runs after the same one.
 
     python -m ncnnport.models.seedvr2.twin_measure --stage vae_decode --size 256x256 --threads 2 --layers 2
 """
@@ -27,8 +27,8 @@ def agreement(ref: np.ndarray, got: np.ndarray) -> str:
 
 
 def rotated_rounds(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call, every callable once per round, the order rotated each round
-    (perf_timing.interleaved_ms)."""
+    """Seconds per call, every callable once per round, the order changing round by round
+    (perf_timing.interleaved_ms: a rotation, then its reverse)."""
     from ncnnport.runtime.perf_timing import interleaved_ms
 
     times = interleaved_ms(list(calls.values()), rounds)

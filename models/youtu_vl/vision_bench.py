@@ -393,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default="448x448,1024x1024", help="timed sizes, HxW pixels")
     p.add_argument("--extrapolate", default="cap", help="sizes estimated from the timed ones ('' for none)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4,
+                   help="interleaved rounds (default 4: even, so ncnn and torch at each size run in each "
+                        "order in half of them; perf_timing.round_order)")
     p.add_argument("--build", type=Path, default=Path("build/youtu-vl/vision-bench"))
     p.add_argument("--precision", default="fp32",
                    help="runtime/precision.py name the ncnn blocks run (ncnn option precisions; torch stays fp32)")

@@ -75,7 +75,7 @@ from ncnnport.memory import child_peak_rss_bytes, children_peak_rss_bytes, mb, p
 from ncnnport.models.bench_kit import BenchContext, BenchError, DecodeRun, ImageRun
 from ncnnport.registry import CppBenchCase, ModelPort, available_models, get_port
 from ncnnport.drivers.torch_ratio import bound_row, probe_bytes, read_bandwidth
-from ncnnport.runtime.perf_timing import order_text, ratio_estimate, rounds_first
+from ncnnport.runtime.perf_timing import order_text, ratio_estimate, round_order, rounds_first
 from ncnnport.runtime.vulkan import device_record, vulkan_text
 from ncnnport.parity.tokens import NEAR_TIE_FACTOR, flip_verdict
 
@@ -231,27 +231,26 @@ def case_calls(case: CppBenchCase, exe: Path, json_out: Path, torch: bool,
 
 def interleaved_runs(calls: Mapping[str, Callable[[], Any]], rounds: int,
                      progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[Any]]:
-    """``rounds`` rounds, each calling every runtime once; round ``r`` starts at runtime
-    ``r % n`` (the rotation of ``perf_timing.interleaved_ms``). Returns each runtime's results
-    in round order."""
+    """``rounds`` rounds, each calling every runtime once in ``perf_timing.round_order`` (the
+    order of ``interleaved_ms``). Returns each runtime's results in round order."""
     return interleaved_case_runs({"": calls}, rounds, lambda _case, m: progress(m))[""]
 
 
 def interleaved_case_runs(cases: Mapping[str, Mapping[str, Callable[[], Any]]], rounds: int,
                           progress: Callable[[str, str], None] = lambda _c, _m: None) -> dict[str, dict[str, list[Any]]]:
-    """``rounds`` rounds, each running every case once and, inside a case, every runtime once:
-    round ``r`` starts at case ``r % cases`` and, in each case, at runtime ``r % runtimes``
-    (``perf_timing.interleaved_ms``'s rotation at both levels). So round ``r`` of every size runs
-    within one round's minutes, and a ratio between two sizes can be taken round by round.
+    """``rounds`` rounds, each running every case once and, inside a case, every runtime once,
+    both in ``perf_timing.round_order`` (``interleaved_ms``'s order at both levels: each pair of
+    cases, and of runtimes, runs in both orders in every two rounds). So round ``r`` of every size
+    runs within one round's minutes, and a ratio between two sizes can be taken round by round.
     Returns each case's runtimes' results in round order; ``progress(case, message)``."""
     labels = list(cases)
     out = {c: {n: [None] * rounds for n in cases[c]} for c in labels}
     for r in range(rounds):
-        for i in range(len(labels)):
-            case = labels[(r + i) % len(labels)]
+        for i in round_order(len(labels), r):
+            case = labels[i]
             names = list(cases[case])
-            for j in range(len(names)):
-                name = names[(r + j) % len(names)]
+            for j in round_order(len(names), r):
+                name = names[j]
                 progress(case, f"round {r + 1}/{rounds}: {name}")
                 out[case][name][r] = cases[case][name]()
     return out
@@ -1057,7 +1056,7 @@ def order_sentence(flat: Mapping[str, Any]) -> str:
     if "long_first" not in flat:
         return ""
     return " " + order_text(flat["long"], flat["long_first"], flat["rounds"],
-                            "with two sizes, an even --rounds balances them") + "."
+                            "an even --rounds balances them") + "."
 
 
 def mib_text(nbytes: int) -> str:

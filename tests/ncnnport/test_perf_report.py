@@ -133,7 +133,7 @@ class SizedPort(Port):
 def test_a_load_arriving_between_the_sizes_does_not_move_the_flatness(clock, capsys) -> None:
     """Item 2's P=1000 / P=100 on a machine loaded 3x from the middle of the stage's calls on. One
     size after the other, P=1000's calls would all be loaded (3 x 1.05 = 3.15, not met), and even
-    in one loop the ratio of the two medians reads the load (1.58); the per-round ratio is 1.05 in
+    in one loop the ratio of the two medians reads the load (0.70); the per-round ratio is 1.05 in
     every round but the one the load arrives in, so the target reads 1.05 (met), with its interval."""
     runs = 20
     calls_per_round = 4  # torch and ncnn at each of two sizes
@@ -148,13 +148,14 @@ def test_a_load_arriving_between_the_sizes_does_not_move_the_flatness(clock, cap
     (v,) = report["targets"]
     assert v["value"] == pytest.approx(1.05) and v["met"] is True
     assert v["note"].startswith(f"median of {runs} per-round ratios [")
-    assert est["first"] == 10  # four calls a round: ncnn@1000 before ncnn@100 when the round starts at 2 or 3
+    assert est["first"] == 10  # four calls a round, each rotation followed by its reverse: half the rounds
     assert ("| decode flat: P=1000 / P=100 | 1 | 1.05 (median of 20 per-round ratios [1.05, 1.05]; "
             "@1000 ran first in 10 of 20 rounds) | <= 1.1 | met |") in capsys.readouterr().out
-    # the ratio of the two medians, the rule before, reads the load: the load's round leaves P=1000
-    # one loaded call more than P=100, and each median falls between a quiet and a loaded call
+    # the ratio of the two medians, the rule before, reads the load: the load's round leaves one
+    # size a loaded call more than the other, and each median falls between a quiet and a loaded
+    # call (here 2.1 / 3.0 = 0.70)
     short = next(r for r in report["rows"] if r["size"] == "100")
-    assert long["ncnn_ms"] / short["ncnn_ms"] > 1.1
+    assert abs(long["ncnn_ms"] / short["ncnn_ms"] - 1.05) > 0.3
 
 
 class BytesPort(Port):
@@ -204,19 +205,22 @@ def test_a_flatness_target_without_per_round_ratios_is_not_measured() -> None:
         "can move the median by up to one round's drift)")
 
 
-def test_the_speed_tables_default_rounds_balance_each_sizes_order() -> None:
-    """A stage's two sizes rotate as 4 calls (torch, ncnn at each) or 6 (with the ONNX Runtime
-    peer): with bench --perf's default rounds every runtime's call at one size runs first in half
-    the rounds against its call at the other (20 gave 9 of 20 with the peer)."""
+def test_the_speed_tables_default_rounds_balance_every_pair_and_position() -> None:
+    """A stage's two sizes share one loop of 4 calls (torch, ncnn at each) or 6 (with the ONNX
+    Runtime peer): with bench --perf's default rounds every two calls, the runtimes at one size
+    (torch and ncnn, which the plain rotation ran in one order in 20 of 24 rounds) and one runtime
+    at the two sizes, run in each order in half the rounds, and every call takes every position
+    equally often."""
     from ncnnport.cli import build_parser, default_runs
-    from ncnnport.runtime.perf_timing import rounds_first
+    from ncnnport.runtime.perf_timing import round_order, rounds_first
 
     runs = default_runs(perf=True)
-    for per_size in (2, 3):
-        n = 2 * per_size
-        for k in range(per_size):
-            assert 2 * rounds_first(n, runs, per_size + k, k) == runs, (n, k, runs)
-    assert rounds_first(6, 20, 4, 1) == 9  # the old default, with the peer
+    for n in (4, 6):
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    assert 2 * rounds_first(n, runs, a, b) == runs, (n, a, b, runs)
+            assert sorted(round_order(n, r).index(a) for r in range(runs)) == sorted(runs // n * list(range(n)))
     assert build_parser().parse_args(["bench", "qwen3-asr"]).runs is None  # resolved by perf or not
     assert default_runs(perf=False) == 20  # the stability table keeps its calls
 
