@@ -65,6 +65,9 @@ class DecodeRun:
     # C++ only: the decoder layers' graphs' share of decode_graph_s (timing.decode_layers_s; None
     # where the executable does not say): the per-layer cost flatness in context is about
     decode_layers_s: float | None = None
+    # C++ only: of decode_layers_s, the one-row kernels streaming the layers' weights
+    # (timing.decode_layers_stream_s): the rest is attention over the cache, norms, rope
+    decode_layers_stream_s: float | None = None
 
     @property
     def per_token_ms(self) -> float:

@@ -133,10 +133,17 @@ def cpp_decode_run(out: Mapping[str, Any], exe: str) -> DecodeRun:
         if layers_s is not None and not 0.0 <= float(layers_s) <= float(timing["decode_graph_s"]):
             raise BenchError(f"{exe}: timing.decode_layers_s {layers_s} is outside [0, decode_graph_s = "
                              f"{timing['decode_graph_s']}]")
+        streams_s = timing.get("decode_layers_stream_s") if layers_s is not None else None
+        # the streams' seconds are clock reads inside the layers' calls: a tiny excess is the two
+        # clocks' rounding, a larger one a share that was not measured as one
+        if streams_s is not None and not 0.0 <= float(streams_s) <= float(layers_s) * 1.001 + 1e-6:
+            raise BenchError(f"{exe}: timing.decode_layers_stream_s {streams_s} is outside [0, decode_layers_s = "
+                             f"{layers_s}]")
         return DecodeRun("cpp", int(c["prompt_tokens"]), [int(t) for t in c["token_ids"]], float(timing["decode_s"]),
                          int(timing["decode_steps"]), float(timing["decode_graph_s"]), bool(c["stopped_by_eos"]),
                          None if value_bytes is None else int(value_bytes), streams or None, states or None,
-                         None if layers_s is None else float(layers_s))
+                         None if layers_s is None else float(layers_s),
+                         None if streams_s is None else min(float(streams_s), float(layers_s)))
     except (KeyError, TypeError, ValueError) as exc:
         raise BenchError(f"{exe}: result lacks chunks[0].token_ids/prompt_tokens or timing.decode_s/"
                          f"decode_steps/decode_graph_s ({exc})") from None
@@ -379,6 +386,11 @@ def decode_row(label: str, runs: Mapping[str, list[DecodeRun]], new_tokens: int)
     row["cpp"]["decode_graph_ms_per_token"] = spread([1e3 * r.decode_graph_s / r.decode_steps for r in cpp])
     if all(r.decode_layers_s is not None for r in cpp):
         row["cpp"]["layers_ms_per_token"] = by_round([1e3 * r.decode_layers_s / r.decode_steps for r in cpp])
+        if all(r.decode_layers_stream_s is not None for r in cpp):
+            streams = [1e3 * r.decode_layers_stream_s / r.decode_steps for r in cpp]
+            row["cpp"]["layers_streams_ms_per_token"] = by_round(streams)
+            row["cpp"]["layers_rest_ms_per_token"] = by_round(
+                [1e3 * r.decode_layers_s / r.decode_steps - s for r, s in zip(cpp, streams)])
     value_bytes = {r.kv_value_bytes for r in cpp if r.kv_value_bytes is not None}
     if value_bytes:
         # the widest a round stored: "incl. K/V" must not count fewer bytes than a round read
@@ -792,6 +804,12 @@ def flatness(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
                                          short["rotation"]["position"])
     if key != "per_token_ms":
         out["token_ratio"] = estimate("per_token_ms").median
+    parts = ("layers_streams_ms_per_token", "layers_rest_ms_per_token")
+    if key != "per_token_ms" and all(p in r["cpp"] for p in parts for r in (short, long)):
+        # where the longer cache's cost went: the weights' streams (the same bytes at every length)
+        # or the rest (attention over the cache grows with it), medians over the rounds
+        out["split_ms"] = {name: [r["cpp"][p]["median"] for r in (short, long)]
+                           for name, p in zip(("streams", "rest"), parts)}
     return out
 
 
@@ -1047,8 +1065,22 @@ def bound_lines(report: Mapping[str, Any]) -> list[str]:
                       f"[{low:.2f}, {high:.2f}] (median of {flat['rounds']} per-round ratios, the sizes interleaved "
                       f"round by round; {100 * flat['ci_coverage']:.0f} % interval; target <= {flat['at_most']:g}: "
                       f"{'met' if flat['met'] else 'not met'}).{token}"
-                      + order_sentence(flat)]
+                      + order_sentence(flat) + split_sentence(flat)]
     return lines
+
+
+def split_sentence(flat: Mapping[str, Any]) -> str:
+    """Where the layers' ms per token went at each length (``flatness``'s ``split_ms``): the
+    one-row kernels' weight streams and the rest, and what each adds at the longer prompt as a
+    share of the shorter prompt's layers, which is what the flatness target divides by."""
+    if "split_ms" not in flat:
+        return ""
+    (s_short, s_long), (r_short, r_long) = flat["split_ms"]["streams"], flat["split_ms"]["rest"]
+    base = s_short + r_short
+    return (f" Layers ms/token, weight streams + the rest (attention over the cache, norms, rope; medians): "
+            f"{flat['short']} {s_short:.1f} + {r_short:.1f}, {flat['long']} {s_long:.1f} + {r_long:.1f}; "
+            f"the longer cache added {s_long - s_short:+.1f} ms in the streams ({100 * (s_long - s_short) / base:+.0f} %) "
+            f"and {r_long - r_short:+.1f} ms in the rest ({100 * (r_long - r_short) / base:+.0f} %).")
 
 
 def order_sentence(flat: Mapping[str, Any]) -> str:

@@ -246,10 +246,42 @@ def test_flatness_judges_the_decode_layers_where_the_executable_reports_them():
     lines = "\n".join(cpp_bench.bound_lines({"rows": [row("P=100", 100, 0.30, 0.10)], "threads": 1, "flatness": flat}))
     assert "Flat in context: the C++ decode layers' graphs' ms/token at P=1000 / at P=100 = 1.30" in lines
     assert "not met). The whole token (embedding and head included): 1.10." in lines
+    assert "split_ms" not in flat and "weight streams +" not in lines  # the executables did not say
     # one row without the layers' time: the token's ratio, as before
     old = row("P=100", 100, 0.30, 0.10)
     del old["cpp"]["layers_ms_per_token"]
     assert cpp_bench.flatness([old, row("P=1000", 1000, 0.33, 0.13)])["measured"] == "token"
+
+
+def test_flatness_says_whether_the_longer_cache_cost_went_to_the_streams_or_the_rest():
+    """With timing.decode_layers_stream_s the line splits the layers' ms per token into the
+    weights' streams and the rest: here the streams take 24 ms at both lengths (3 steps) and the
+    rest grows from 6 to 12 ms, so the whole growth is outside the streams: +20 % of P=100's 30."""
+    ids = [5, 6, 7, 8]
+
+    def row(label: str, prompt: int, layers_s: float, streams_s: float | None) -> dict:
+        timing = {"decode_s": 0.5, "decode_steps": 3, "decode_graph_s": 0.4, "decode_layers_s": layers_s}
+        if streams_s is not None:
+            timing["decode_layers_stream_s"] = streams_s
+        out = {"chunks": [{"token_ids": ids, "prompt_tokens": prompt, "stopped_by_eos": False}], "timing": timing}
+        cpp = cpp_bench.cpp_decode_run(out, "exe")
+        return cpp_bench.decode_row(label, {"cpp": [cpp] * 2, "python": [run("python", ids, 0.3, prompt=prompt)] * 2},
+                                    new_tokens=4)
+
+    short, long = row("P=100", 100, 0.090, 0.072), row("P=1000", 1000, 0.108, 0.072)
+    assert short["cpp"]["layers_rest_ms_per_token"]["median"] == pytest.approx(6.0)
+    flat = cpp_bench.flatness([short, long])
+    assert flat["ratio"] == pytest.approx(1.2)
+    assert flat["split_ms"] == {"streams": pytest.approx([24.0, 24.0]), "rest": pytest.approx([6.0, 12.0])}
+    said = cpp_bench.split_sentence(flat)
+    assert "P=100 24.0 + 6.0, P=1000 24.0 + 12.0" in said
+    assert "added +0.0 ms in the streams (+0 %) and +6.0 ms in the rest (+20 %)" in said
+    # a row whose executable does not split: no split, the ratio as before
+    assert "split_ms" not in cpp_bench.flatness([short, row("P=1000", 1000, 0.108, None)])
+    # a streams' share larger than the layers' time was not measured as one
+    for bad in (-0.001, 0.2):
+        with pytest.raises(cpp_bench.BenchError, match="decode_layers_stream_s"):
+            row("P=100", 100, 0.090, bad)
 
 
 def test_a_differing_id_or_a_large_overhead_is_reported():

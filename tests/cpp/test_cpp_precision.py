@@ -333,6 +333,10 @@ def test_youtu_vl_run_records_its_precision_and_equals_the_python_loop(build_dir
         assert any(g.endswith(".decode") for g in layers) and any(g.endswith(".decode") for g in heads)
         if timing["gemv"].startswith("ncnnport-"):  # the variants' InnerProducts ran on the kernel
             assert timing["gemv_calls"] > 0
+            # and their streams are counted inside the layers' graphs, a share of their time
+            assert 0 < timing["decode_layers_stream_s"] < timing["decode_layers_s"], timing
+    if precision == "fp32":  # the base graphs' Gemms stream nothing through the one-row kernels
+        assert timing["decode_layers_stream_s"] == 0
     options = get(precision).options(RuntimeOptions(num_threads=1))
     model_json = read_json(pkg / "model.json")
     modules = LazyModules(pkg, options=options)

@@ -154,6 +154,7 @@ def test_tokens_equal_the_python_package_loop(exe, package, images, tmp_path):
         timing = got["timing"]
         assert 0 < timing["decode_graph_s"] <= timing["decode_s"]
         assert 0 < timing["decode_layers_s"] < timing["decode_graph_s"]  # the layers' share (item 2's flatness)
+        assert 0 <= timing["decode_layers_stream_s"] <= timing["decode_layers_s"]  # of which the weights' streams
         # MLA's absorbed projections (MemoryData) went to their MatMuls uncopied, ids unchanged
         assert timing["memory_data_shares"] > 0
 

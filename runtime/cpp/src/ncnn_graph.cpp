@@ -382,7 +382,9 @@ bool compact(const ncnn::Mat& m) {
 
 std::vector<Tensor> Graph::run(const std::vector<ncnn::Mat>& inputs) {
     double ncnn_s = 0.0;
+    const double streams_before = weight_stream_seconds();
     std::vector<Tensor> outs = run_call(inputs, &ncnn_s);
+    stream_seconds_ += weight_stream_seconds() - streams_before;
     seconds_ += ncnn_s;
     return outs;
 }
@@ -404,8 +406,10 @@ std::vector<std::vector<Tensor>> Graph::run_each(const std::vector<std::vector<n
     if (together > 0 && !workers_) workers_ = std::make_unique<CallWorkers>(split_.workers);
     // the calls overlap, so the batch counts by its wall time (the output copies included)
     const auto t0 = std::chrono::steady_clock::now();
+    const double streams_before = weight_stream_seconds();
     if (together > 0) workers_->run(together, [&](size_t i) { outs[i] = run_call(calls[i]); });
     if (alone) outs.back() = alone->run_call(calls.back());
+    stream_seconds_ += weight_stream_seconds() - streams_before;
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return outs;
 }
@@ -423,7 +427,9 @@ Graph& Graph::solo() {
 std::vector<ncnn::Mat> Graph::run_mats(const std::vector<ncnn::Mat>& inputs) {
     std::map<std::string, int64_t> sizes;
     double ncnn_s = 0.0;
+    const double streams_before = weight_stream_seconds();
     std::vector<ncnn::Mat> mats = extract_call(inputs, sizes, &ncnn_s);
+    stream_seconds_ += weight_stream_seconds() - streams_before;
     seconds_ += ncnn_s;
     for (size_t i = 0; i < outputs_.size(); ++i) check_output(outputs_[i], mats[i], sizes);
     return mats;
@@ -460,16 +466,29 @@ std::vector<ncnn::Mat> Graph::extract_call(const std::vector<ncnn::Mat>& inputs,
     return mats;
 }
 
-double graph_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
-                        const std::vector<std::string>& prefixes) {
+namespace {
+// `what` summed over the graphs whose name starts with one of `prefixes`.
+double sum_over_graphs(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                       const std::vector<std::string>& prefixes, double (Graph::*what)() const) {
     double s = 0.0;
     for (const auto& [name, g] : graphs)
         for (const auto& p : prefixes)
             if (name.rfind(p, 0) == 0) {
-                s += g->seconds();
+                s += ((*g).*what)();
                 break;
             }
     return s;
+}
+}  // namespace
+
+double graph_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                        const std::vector<std::string>& prefixes) {
+    return sum_over_graphs(graphs, prefixes, &Graph::seconds);
+}
+
+double graph_stream_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                               const std::vector<std::string>& prefixes) {
+    return sum_over_graphs(graphs, prefixes, &Graph::stream_seconds);
 }
 
 }  // namespace ncnnport

@@ -1,8 +1,20 @@
 #include "ncnnport/stream_times.h"
 
+#include <atomic>
+
 namespace ncnnport {
 
+namespace {
+std::atomic<int64_t>& stream_nanoseconds() {
+    static std::atomic<int64_t> ns{0};
+    return ns;
+}
+}  // namespace
+
+double weight_stream_seconds() { return static_cast<double>(stream_nanoseconds().load()) * 1e-9; }
+
 void StreamTimes::add(size_t bytes, double seconds) {
+    stream_nanoseconds().fetch_add(static_cast<int64_t>(seconds * 1e9));
     std::lock_guard<std::mutex> lock(mutex_);
     Sum& s = by_bytes_[bytes];
     ++s.calls;

@@ -267,6 +267,7 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
     const auto t_decode = std::chrono::steady_clock::now();
     const double graph_before = ncnnport::graph_seconds_of(graphs_, kDecodeGraphs);
     const double layers_before = ncnnport::graph_seconds_of(graphs_, {"decode_layer"});
+    const double streams_before = ncnnport::graph_stream_seconds_of(graphs_, {"decode_layer"});
 #if NCNN_VULKAN
     std::unique_ptr<ncnnport::GpuKvCache> on_gpu;
     double wait_s = 0.0;
@@ -304,8 +305,10 @@ Generation Asr::generate(const std::vector<int>& ids, const std::vector<float>& 
 #if NCNN_VULKAN
     if (on_gpu) timing.decode_layers_s = -1.0;
 #endif
-    if (timing.decode_layers_s >= 0.0)
+    if (timing.decode_layers_s >= 0.0) {
         timing.decode_layers_s += ncnnport::graph_seconds_of(graphs_, {"decode_layer"}) - layers_before;
+        timing.decode_layers_stream_s += ncnnport::graph_stream_seconds_of(graphs_, {"decode_layer"}) - streams_before;
+    }
     return gen;
 }
 

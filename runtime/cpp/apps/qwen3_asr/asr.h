@@ -54,6 +54,8 @@ struct Timing {
     // context is about: the embedding and the head read the same bytes at every context length);
     // negative once a step ran on the GPU, whose one command holds every graph
     double decode_layers_s = 0.0;
+    // of which the one-row kernels streaming the layers' weights (host path only)
+    double decode_layers_stream_s = 0.0;
 };
 
 class Asr {

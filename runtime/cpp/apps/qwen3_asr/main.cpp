@@ -176,7 +176,10 @@ int run(const Args& args) {
                         {"decode_graph_s", timing.decode_graph_s}, {"threads", args.threads},
                         {"backend", args.vulkan ? "vulkan" : "cpu"}, {"kv_cache", asr.kv_on_gpu() ? "gpu" : "host"}}}};
         out["timing"]["graph_s"] = asr.graph_seconds();
-        if (timing.decode_layers_s >= 0.0) out["timing"]["decode_layers_s"] = timing.decode_layers_s;
+        if (timing.decode_layers_s >= 0.0) {
+            out["timing"]["decode_layers_s"] = timing.decode_layers_s;
+            out["timing"]["decode_layers_stream_s"] = timing.decode_layers_stream_s;
+        }
         // the host cache's numbers and the bytes it stores them in (kv_cache.h KvRows)
         out["timing"]["kv_cache_rows"] = ncnnport::kv_rows_label(asr.kv_rows());
         out["timing"]["kv_cache_value_bytes"] = asr.kv_rows() == ncnnport::KvRows::Fp16 ? 2 : 4;

@@ -185,7 +185,8 @@ int run(const Args& args) {
                     {"prompt", args.prompt}, {"prompt_ids", ids}, {"text", text}, {"chunks", nlohmann::json::array({chunk})},
                     {"timing", {{"load_s", load_s}, {"preprocess_s", preprocess_s}, {"vision_s", vision_s}, {"vision_graph_s", vl.vision_graph_seconds()},
                                 {"prefill_s", gen.prefill_s}, {"decode_s", gen.decode_s}, {"decode_steps", gen.decode_steps},
-                                {"decode_graph_s", gen.decode_graph_s}, {"decode_layers_s", gen.decode_layers_s}, {"threads", args.threads}, {"graphs", vl.opened_graphs()},
+                                {"decode_graph_s", gen.decode_graph_s}, {"decode_layers_s", gen.decode_layers_s},
+                                {"decode_layers_stream_s", gen.decode_layers_stream_s}, {"threads", args.threads}, {"graphs", vl.opened_graphs()},
                                 {"total_s", std::chrono::duration<double>(clock::now() - t_start).count()}}}};
         out["timing"].update(ncnnport::gemv_json(graph_options));
         out["timing"]["huge_pages"] = ncnnport::huge_pages_json(graph_options.huge_pages && !args.vulkan);

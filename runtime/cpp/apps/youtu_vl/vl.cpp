@@ -448,6 +448,7 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
     gen.prefill_s = seconds_since(t_prefill);
     const auto t_decode = std::chrono::steady_clock::now();
     const double graph_before = decode_graph_seconds(), layers_before = decode_layers_seconds();
+    const double streams_before = ncnnport::graph_stream_seconds_of(graphs_, {"llm_layer"});
     for (int step = 0; step < max_new_tokens; ++step) {
         const int token = static_cast<int>(ncnnport::greedy(logits));
         gen.tokens.push_back(token);
@@ -462,6 +463,7 @@ Generation Vl::generate(const std::vector<int>& ids, const std::vector<float>& v
     gen.decode_s = seconds_since(t_decode);
     gen.decode_graph_s = decode_graph_seconds() - graph_before;
     gen.decode_layers_s = decode_layers_seconds() - layers_before;
+    gen.decode_layers_stream_s = ncnnport::graph_stream_seconds_of(graphs_, {"llm_layer"}) - streams_before;
     return gen;
 }
 

@@ -55,6 +55,9 @@ struct Generation {
     // of which the decoder layers' graphs alone: issue 17 item 2's per-layer cost (the head and the
     // embedding read the same bytes at every context length, so the whole step's ratio is flatter)
     double decode_layers_s = 0.0;
+    // of which the one-row kernels streaming the layers' weights (the rest: attention over the
+    // cache, norms, rope), so a report can say where a longer context's cost went
+    double decode_layers_stream_s = 0.0;
 };
 
 class Vl {

@@ -235,6 +235,10 @@ public:
     // run_each batch whose calls ran side by side (they overlap): the graphs' own time, never
     // the loading of a net (a split graph's and solo()'s load before the clock starts).
     double seconds() const { return seconds_; }
+    // The part of seconds() that ncnnport's one-row kernels spent streaming weights
+    // (stream_times.h weight_stream_seconds, read around each call). Exact while one graph runs at
+    // a time, as decode steps do; a run_each batch counts every stream of its wall time.
+    double stream_seconds() const { return stream_seconds_; }
 
 private:
     void load() const;
@@ -261,6 +265,7 @@ private:
     mutable std::vector<std::string> fp16_cache_inputs_;
     std::unique_ptr<ncnn::Net> net_;
     double seconds_ = 0.0;
+    double stream_seconds_ = 0.0;
     mutable bool gemv_ = false;
     mutable std::atomic<bool> loaded_{false};
     mutable std::mutex load_mutex_;
@@ -281,5 +286,8 @@ std::vector<TensorSpec> read_tensor_specs(const JsonFile& spec, const std::strin
 // vision segments took, read before and after the step).
 double graph_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
                         const std::vector<std::string>& prefixes);
+// The same graphs' Graph::stream_seconds: how much of graph_seconds_of was the weights' streams.
+double graph_stream_seconds_of(const std::map<std::string, std::unique_ptr<Graph>>& graphs,
+                               const std::vector<std::string>& prefixes);
 
 }  // namespace ncnnport

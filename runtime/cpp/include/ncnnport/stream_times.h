@@ -33,6 +33,12 @@ private:
     std::map<size_t, Sum> by_bytes_;
 };
 
+// Seconds every one-row kernel of the process has spent streaming weights so far, over all widths
+// (each StreamTimes::add counts here too). Read before and after a graph's call, it says how much
+// of the call was the weights' streams and how much everything else (attention, norms, rope):
+// Graph::stream_seconds, an executable's timing.decode_layers_stream_s.
+double weight_stream_seconds();
+
 // The process's record for the fp16 (true) or fp32 one-row InnerProduct kernel (gemv_layer.h).
 StreamTimes& gemv_stream_times(bool fp16);
 // The process's record for the int8 one-row kernel (int8_gemv_layer.h).
