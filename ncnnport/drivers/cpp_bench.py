@@ -1077,7 +1077,7 @@ def split_sentence(flat: Mapping[str, Any]) -> str:
         return ""
     (s_short, s_long), (r_short, r_long) = flat["split_ms"]["streams"], flat["split_ms"]["rest"]
     base = s_short + r_short
-    return (f" Layers ms/token, weight streams + the rest (attention over the cache, norms, rope; medians): "
+    return (f" Layers ms/token, weight streams + the rest (attention, norms, rope; medians): "
             f"{flat['short']} {s_short:.1f} + {r_short:.1f}, {flat['long']} {s_long:.1f} + {r_long:.1f}; "
             f"the longer cache added {s_long - s_short:+.1f} ms in the streams ({100 * (s_long - s_short) / base:+.0f} %) "
             f"and {r_long - r_short:+.1f} ms in the rest ({100 * (r_long - r_short) / base:+.0f} %).")
