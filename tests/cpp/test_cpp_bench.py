@@ -279,9 +279,10 @@ def test_flatness_says_whether_the_longer_cache_cost_went_to_the_streams_or_the_
     # a row whose executable does not split: no split, the ratio as before
     assert "split_ms" not in cpp_bench.flatness([short, row("P=1000", 1000, 0.108, None)])
     # a streams' share larger than the layers' time was not measured as one
-    for bad in (-0.001, 0.2):
+    for bad in (-0.001, 0.090 + 1e-6, 0.2):  # a microsecond past the layers' time is not the counter's step
         with pytest.raises(cpp_bench.BenchError, match="decode_layers_stream_s"):
             row("P=100", 100, 0.090, bad)
+    assert row("P=100", 100, 0.090, 0.090)["cpp"]["layers_rest_ms_per_token"]["median"] == pytest.approx(0.0)
 
 
 def test_a_differing_id_or_a_large_overhead_is_reported():
