@@ -2,6 +2,7 @@
 
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/kernel_call.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
 #include "ncnnport/static_run.h"
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -436,19 +436,15 @@ private:
         float* y = top;
         const size_t bytes = weight_bytes(pk);
         const PrefetchPlan plan(gemv_prefetch_choice(pk.fp16), gemv_prefetch_distance_choice(pk.fp16), bytes);
-        GemvPrefetchChoice& streams_choice = gemv_streams_choice(pk.fp16);
-        GemvPrefetchChoice::Pick streams{false, false};
-        if (pk.block == kNarrowBlock) streams = plan.streams_pick(streams_choice, g_forced_streams.load(std::memory_order_relaxed));
-        const auto t0 = std::chrono::steady_clock::now();
-        if (pk.fp16)
-            run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(),
-                                     plan.distance(), streams.prefetch);
-        else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads, plan.prefetch(),
-                             plan.distance(), streams.prefetch);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        plan.record(seconds);
-        if (streams.sample) streams_choice.record(streams.prefetch, bytes, seconds);
-        gemv_stream_times(pk.fp16).add(bytes, seconds);
+        GemvPrefetchChoice* streams = pk.block == kNarrowBlock ? &gemv_streams_choice(pk.fp16) : nullptr;
+        run_timed_kernel(plan, streams, g_forced_streams.load(std::memory_order_relaxed), gemv_stream_times(pk.fp16),
+                         [&](bool prefetch, PrefetchDistance d, bool side_by_side) {
+                             if (pk.fp16)
+                                 run_gemv<unsigned short>(pk, x, y, activation_type_, activation_params_,
+                                                          opt.num_threads, prefetch, d, side_by_side);
+                             else run_gemv<float>(pk, x, y, activation_type_, activation_params_, opt.num_threads,
+                                                  prefetch, d, side_by_side);
+                         });
         g_gemv_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

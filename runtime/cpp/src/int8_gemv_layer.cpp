@@ -2,6 +2,7 @@
 
 #include "ncnnport/builtin_overwrite.h"
 #include "ncnnport/gemv_prefetch.h"
+#include "ncnnport/kernel_call.h"
 #include "ncnnport/stream_times.h"
 #include "ncnnport/kernel_weight_allocator.h"
 #include "ncnnport/output_store.h"
@@ -15,7 +16,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -473,20 +473,16 @@ private:
         else quantize_row_avx2(static_cast<const float*>(a.data), k_, block_, q.data(), q_abs.data(), descale.data());
         const size_t bytes = pk.weights.total() * pk.weights.elemsize;
         const PrefetchPlan plan(int8_gemv_prefetch_choice(), int8_gemv_prefetch_distance_choice(), bytes);
-        GemvPrefetchChoice& streams_choice = int8_gemv_streams_choice();
-        GemvPrefetchChoice::Pick streams{false, false};
-        if (!pk.vnni) streams = plan.streams_pick(streams_choice, g_forced_streams.load(std::memory_order_relaxed));
+        GemvPrefetchChoice* streams = pk.vnni ? nullptr : &int8_gemv_streams_choice();
         float* y = static_cast<float*>(top.data);
-        const auto t0 = std::chrono::steady_clock::now();
-        if (plan.prefetch())
-            run_gemv<true>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y, opt.num_threads, plan.distance(),
-                           streams.prefetch);
-        else run_gemv<false>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y, opt.num_threads,
-                             plan.distance(), streams.prefetch);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        plan.record(seconds);
-        if (streams.sample) streams_choice.record(streams.prefetch, bytes, seconds);
-        int8_gemv_stream_times().add(bytes, seconds);
+        run_timed_kernel(plan, streams, g_forced_streams.load(std::memory_order_relaxed), int8_gemv_stream_times(),
+                         [&](bool prefetch, PrefetchDistance d, bool side_by_side) {
+                             if (prefetch)
+                                 run_gemv<true>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y,
+                                                opt.num_threads, d, side_by_side);
+                             else run_gemv<false>(pk, q.data(), q_abs.data(), descale.data(), shift.data(), y,
+                                                  opt.num_threads, d, side_by_side);
+                         });
         g_int8_calls.fetch_add(1, std::memory_order_relaxed);
         return 0;
     }

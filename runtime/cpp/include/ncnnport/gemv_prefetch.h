@@ -215,6 +215,8 @@ class PrefetchPlan {
 public:
     PrefetchPlan(GemvPrefetchChoice& whether, GemvPrefetchChoice& how_far, size_t bytes);
     bool prefetch() const { return pick_.prefetch; }
+    // The weight bytes the call streams (what its GB/s are of).
+    size_t bytes() const { return bytes_; }
     // The distance a prefetching call asks for.
     PrefetchDistance distance() const { return far_.prefetch ? kFarPrefetch : kNearPrefetch; }
     bool far() const { return far_.prefetch; }
