@@ -14,7 +14,7 @@ ARGS ?=
 PRECISION ?=
 # the speed table runs once per entry (same vocabulary as PRECISION); the Youtu-VL vision encoder
 # meets its target under bf16 on a CPU with AVX-512 BF16 (the EPYC) and under int8-weights on the
-# Intel Xeons with VNNI (README, "Youtu-VL vision"); int8-weights is also item 7's decode mode
+# Intel Xeons with VNNI (docs/performance.md, "Youtu-VL vision at 1024 and the cap"); int8-weights is also item 7's decode mode
 PERF_PRECISIONS ?= fp32 fp16-storage bf16 int8-weights
 STAMP := $(VENV)/.ncnnport-installed
 

@@ -36,7 +36,7 @@ TOKEN_STAGE = "decode"
 # 3 warm-up + 20 interleaved rounds of torch and ncnn ran for hours; that is what stopped the
 # earlier run after 15 minutes. `python -m ncnnport.models.youtu_vl.vision_bench` times those
 # sizes one layer of each kind at a time (the cap extrapolated, labelled).
-VISION_BY_LAYER = "timed per layer by `python -m ncnnport.models.youtu_vl.vision_bench` (README)"
+VISION_BY_LAYER = "timed per layer by `python -m ncnnport.models.youtu_vl.vision_bench` (docs/performance.md)"
 PERF_STAGES: dict[str, list[str]] = {"layers": ["100", "1000"], "decode": ["100", "1000"],
                                      "vision_encoder": ["448x448"]}
 # Issue 17's targets, judged by `make bench-perf` on the rows it measured: the whole fp16-weight

@@ -1,7 +1,7 @@
 """Youtu-VL vision encoder speed at large images, measured one layer at a time.
 
 Why per layer: at 1024x1024 (4096 patches) one encoder call is 27 real-width layers, and on
-this project's 2-core machine each layer took 5-30 s per runtime (README table), so the
+this project's 2-core machine each layer took 5-30 s per runtime (docs/performance.md), so the
 whole-encoder bench (3 warm-up + 20 interleaved rounds, torch and ncnn) needed hours, not 15
 minutes; at the 36864-patch cap the torch reference's full-attention layers alone would hold
 a ``[16, N, N]`` float32 score matrix (87 GB). Nothing in the ncnn graphs grew worse than the

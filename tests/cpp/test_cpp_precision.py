@@ -350,7 +350,7 @@ def test_youtu_vl_run_records_its_precision_and_equals_the_python_loop(build_dir
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3-asr", "youtu-vl"])
 def test_bf16_runs_every_graph_in_bf16_and_steps_the_kernels_aside(build_dir, package, model, tmp_path):
-    """bf16 is the precision that makes the vision encoder fast (README, "Youtu-VL vision"). A
+    """bf16 is the precision that makes the vision encoder fast (docs/performance.md, "Youtu-VL vision at 1024 and the cap"). A
     run under it (Youtu-VL with an image of two unequal windows: every vision segment and the
     merger) reads the bf16 flag back from every net it opened, runs the prompt graphs for the
     steps (no fp16 decode variants), and ncnnport's one-row kernels step aside for ncnn's bf16

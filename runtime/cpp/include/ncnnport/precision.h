@@ -11,7 +11,7 @@
 // converts them the same way) and bf16 (bf16 blobs and weights in every ncnn layer that has a bf16
 // path, which ncnn casts to and from at the layer boundaries and at extract; on AVX-512 BF16 CPUs
 // the Gemms run bf16 dot products: the Youtu-VL vision encoder 2.5-3.3x torch fp32 on one EPYC
-// thread, README. ncnnport's overwrites step aside for bf16 blobs: the gemv and int8 kernels
+// thread, docs/performance.md. ncnnport's overwrites step aside for bf16 blobs: the gemv and int8 kernels
 // refuse the option, the decode MatMul takes fp32 elements only). Refused: fp16-packed /
 // fp16-arithmetic (flags no C++ test covers) and the derived packages' names (their weights are a
 // package, not an ncnn option). Vulkan runs fp32 only (the GPU decode's blobs are float32); a
