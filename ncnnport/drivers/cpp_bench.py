@@ -811,7 +811,11 @@ def flatness(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     if key != "per_token_ms":
         out["token_ratio"] = estimate("per_token_ms").median
     parts = ("layers_streams_ms_per_token", "layers_rest_ms_per_token")
-    if key != "per_token_ms" and all(p in r["cpp"] for p in parts for r in (short, long)):
+    # only where ncnnport's one-row kernels streamed the layers' weights at both lengths: where
+    # ncnn's own layers read them (weights held by Gemm layers, a Vulkan run, a CPU without the kernels)
+    # the streams read 0 and "the rest" would hold the weights too, mislabelled as attention
+    if key != "per_token_ms" and all(p in r["cpp"] for p in parts for r in (short, long)) \
+            and all(r["cpp"][parts[0]]["median"] > 0.0 for r in (short, long)):
         # where the longer cache's cost went: the weights' streams (the same bytes at every length)
         # or the rest (attention over the cache grows with it), medians over the rounds
         out["split_ms"] = {name: [r["cpp"][p]["median"] for r in (short, long)]

@@ -278,6 +278,11 @@ def test_flatness_says_whether_the_longer_cache_cost_went_to_the_streams_or_the_
     assert "added +0.0 ms in the streams (+0 %) and +6.0 ms in the rest (+20 %)" in said
     # a row whose executable does not split: no split, the ratio as before
     assert "split_ms" not in cpp_bench.flatness([short, row("P=1000", 1000, 0.108, None)])
+    # layers whose weights no one-row kernel streamed (Gemm layers, Vulkan): the streams
+    # read 0, and a split would call the weights' reads "attention, norms, rope"; so none
+    ncnn_weights = cpp_bench.flatness([row("P=100", 100, 0.090, 0.0), row("P=1000", 1000, 0.108, 0.0)])
+    assert ncnn_weights["ratio"] == pytest.approx(1.2) and "split_ms" not in ncnn_weights
+    assert cpp_bench.split_sentence(ncnn_weights) == ""
     # a streams' share larger than the layers' time was not measured as one
     for bad in (-0.001, 0.090 + 1e-6, 0.2):  # a microsecond past the layers' time is not the counter's step
         with pytest.raises(cpp_bench.BenchError, match="decode_layers_stream_s"):
